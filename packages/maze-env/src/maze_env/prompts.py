@@ -1,0 +1,67 @@
+"""Chat messages for a maze episode, in the OpenAI format that SkyRL, vLLM and TRL accept.
+
+One place builds them, so dataset export, the RL environment and evaluators show a model
+exactly the same text and images.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maze_env.game import StepResult
+from maze_env.maze import Maze, Pos
+from maze_env.render import DEFAULT_STYLE, Renderer, Style
+
+Message = dict[str, Any]
+
+SYSTEM_PROMPT = (
+    "You are navigating a maze shown as an image. Walls are gray, paths are white, you are the "
+    "blue circle and the goal is the red square. Each turn, choose exactly one action: move "
+    "right, up, left or down by one square, or stop. Stop only when you are on the red square.\n"
+    "Answer in this format:\n"
+    "<observation>what you see: your position, the goal, nearby walls</observation>\n"
+    "<justification>why this action brings you closer to the goal</justification>\n"
+    "<action>one of: right, up, left, down, stop</action>\n"
+    "VisGym tuples are also accepted inside the action tag: ('move', k) with k 0=right, 1=up, "
+    "2=left, 3=down, or ('stop', 'stop')."
+)
+
+
+def image_part(data_uri: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": data_uri}}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def task_text(maze: Maze, step_budget: int) -> str:
+    rows, cols = maze.shape
+    return (
+        f"Here is a {rows}x{cols} maze. You have {step_budget} turns, including the final stop. "
+        "What is your first action?"
+    )
+
+
+def initial_messages(
+    maze: Maze,
+    step_budget: int,
+    *,
+    style: Style = DEFAULT_STYLE,
+    renderer: Renderer | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> list[Message]:
+    """System prompt plus the first user turn: the task text and the maze image."""
+    r = renderer or Renderer(maze, style)
+    return [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": [image_part(r.data_uri()), text_part(task_text(maze, step_budget))]},
+    ]
+
+
+def feedback_message(result: StepResult, agent: Pos, steps_left: int, renderer: Renderer) -> Message:
+    """The user turn after an action: the environment's feedback and the new image."""
+    text = f"{result.feedback} Turns left: {steps_left}."
+    if not (result.terminated or result.truncated):
+        text += " What is your next action?"
+    return {"role": "user", "content": [image_part(renderer.data_uri(agent)), text_part(text)]}

@@ -1,0 +1,120 @@
+"""Rendering in pure numpy + pillow: RGB arrays, PNG bytes, data URIs and ASCII.
+
+The default look is VisGym's: 25 px per grid square, white paths, gray walls, a red goal
+square and a blue agent disc of radius a quarter square. ``cell_px=32`` aligns every grid
+square with one Qwen3-VL visual token (16 px patches merged 2x2).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from maze_env.maze import Maze, Pos
+
+RGB = tuple[int, int, int]
+Frame = npt.NDArray[np.uint8]
+
+VISGYM_CELL_PX = 25
+QWEN3_VL_TOKEN_PX = 32
+"""Pixels per Qwen3-VL visual token: patch 16 x spatial merge 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    cell_px: int = VISGYM_CELL_PX
+    path: RGB = (255, 255, 255)
+    wall: RGB = (169, 169, 169)
+    goal: RGB = (255, 0, 0)
+    agent: RGB = (0, 0, 255)
+
+    def __post_init__(self) -> None:
+        if not 4 <= self.cell_px <= 256:
+            raise ValueError(f"cell_px must be within 4..256, got {self.cell_px}")
+
+
+DEFAULT_STYLE = Style()
+
+
+def token_aligned_style(token_px: int = QWEN3_VL_TOKEN_PX) -> Style:
+    """One grid square per visual token, so no token straddles a wall boundary."""
+    return Style(cell_px=token_px)
+
+
+@lru_cache(maxsize=64)
+def _disc(cell_px: int) -> npt.NDArray[np.bool_]:
+    # Pixel centres within a quarter square of the square's centre, as pygame.draw.circle fills.
+    coords = np.arange(cell_px) + 0.5
+    d2 = (coords[:, None] - cell_px / 2) ** 2 + (coords[None, :] - cell_px / 2) ** 2
+    return d2 <= (cell_px / 4) ** 2
+
+
+class Renderer:
+    """Renders one maze repeatedly; the static layer is drawn once and copied per frame."""
+
+    __slots__ = ("_base", "maze", "style")
+
+    def __init__(self, maze: Maze, style: Style = DEFAULT_STYLE) -> None:
+        self.maze = maze
+        self.style = style
+        px = style.cell_px
+        palette = np.array([style.path, style.wall], dtype=np.uint8)
+        squares = palette[maze.walls.view(np.uint8)]
+        # Widen columns first, then rows: repeating whole rows is a contiguous copy (10x faster).
+        base = np.repeat(np.repeat(squares, px, axis=1), px, axis=0)
+        gr, gc = maze.goal
+        base[gr * px : (gr + 1) * px, gc * px : (gc + 1) * px] = style.goal
+        self._base = base
+
+    def rgb(self, agent: Pos | None = None) -> Frame:
+        """An (H, W, 3) uint8 frame with the agent at ``agent`` (the maze start by default)."""
+        frame = self._base.copy()
+        r, c = self.maze.start if agent is None else agent
+        px = self.style.cell_px
+        frame[r * px : (r + 1) * px, c * px : (c + 1) * px][_disc(px)] = self.style.agent
+        return frame
+
+    def png(self, agent: Pos | None = None) -> bytes:
+        return frame_to_png(self.rgb(agent))
+
+    def data_uri(self, agent: Pos | None = None) -> str:
+        return png_to_data_uri(self.png(agent))
+
+
+def frame_to_png(frame: Frame) -> bytes:
+    buf = io.BytesIO()
+    # compress_level 1: these flat-colour frames compress well even at the fastest level.
+    Image.fromarray(frame, mode="RGB").save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def png_to_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def render_rgb(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> Frame:
+    return Renderer(maze, style).rgb(agent)
+
+
+def render_png(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> bytes:
+    return Renderer(maze, style).png(agent)
+
+
+def render_data_uri(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> str:
+    return Renderer(maze, style).data_uri(agent)
+
+
+def render_ascii(maze: Maze, agent: Pos | None = None) -> str:
+    """VisGym's ANSI text view: ``#`` wall, space path, ``A`` agent, ``T`` target."""
+    rows = [["#" if w else " " for w in row] for row in maze.walls.tolist()]
+    gr, gc = maze.goal
+    rows[gr][gc] = "T"
+    ar, ac = maze.start if agent is None else agent
+    rows[ar][ac] = "A"
+    return "\n".join("".join(row) for row in rows)
