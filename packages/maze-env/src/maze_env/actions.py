@@ -68,7 +68,9 @@ class Action:
         return f"<action>{'stop' if self.kind == 'stop' else (self.direction or Direction.RIGHT).word}</action>"
 
 
-ParseErrorCode = Literal["not_text", "empty", "too_long", "no_action", "invalid_tag", "invalid_move"]
+ParseErrorCode = Literal[
+    "not_text", "empty", "too_long", "no_action", "invalid_tag", "invalid_move"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +102,16 @@ def _from_tuple(m: re.Match[str]) -> ParseResult:
     if name == "stop":
         if arg is not None and arg.lower() == "stop":
             return Action.stop()
-        return ParseFailure("invalid_move", f"stop takes 'stop' as its argument, got {m.group(0)!r}")
+        return ParseFailure(
+            "invalid_move", f"stop takes 'stop' as its argument, got {m.group(0)!r}"
+        )
     if num is not None and num.lstrip("-").isdigit() and 0 <= int(num) <= 3:
         return Action.move(int(num))
     if arg is not None and arg.lower() in _WORDS:
         return Action.move(_WORDS[arg.lower()])
-    return ParseFailure("invalid_move", f"move direction must be 0-3 (right, up, left, down), got {m.group(0)!r}")
+    return ParseFailure(
+        "invalid_move", f"move direction must be 0-3 (right, up, left, down), got {m.group(0)!r}"
+    )
 
 
 def _from_fragment(text: str) -> ParseResult | None:
@@ -125,12 +131,14 @@ def _from_fragment(text: str) -> ParseResult | None:
 
 def parse_action(text: object, *, max_chars: int = MAX_ACTION_CHARS) -> ParseResult:
     """Parse one turn's reply. Never raises; see the module docstring for the accepted forms."""
-    if isinstance(text, bytes | bytearray | memoryview):
+    if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8", errors="replace")
     if not isinstance(text, str):
         return ParseFailure("not_text", f"expected text, got {type(text).__name__}")
     if len(text) > max_chars:
-        return ParseFailure("too_long", f"reply has {len(text)} characters, over the cap of {max_chars}")
+        return ParseFailure(
+            "too_long", f"reply has {len(text)} characters, over the cap of {max_chars}"
+        )
     if not text.strip():
         return ParseFailure("empty", "reply is empty")
 

@@ -48,7 +48,9 @@ class MazeGame:
     trajectory: list[Pos] = field(default_factory=list[Pos])
 
     @classmethod
-    def start(cls, maze: Maze, step_budget: int | None = None, slack: int = DEFAULT_SLACK) -> MazeGame:
+    def start(
+        cls, maze: Maze, step_budget: int | None = None, slack: int = DEFAULT_SLACK
+    ) -> MazeGame:
         budget = maze.step_budget(slack) if step_budget is None else step_budget
         if budget < 1:
             raise ValueError(f"step_budget must be >= 1, got {budget}")

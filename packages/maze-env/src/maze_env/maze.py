@@ -40,14 +40,18 @@ class MazeSpec:
 
     def __post_init__(self) -> None:
         for name, value in (("rows", self.rows), ("cols", self.cols)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, int):  # pyright: ignore[reportUnnecessaryIsInstance] - user input
                 raise MazeSpecError(f"{name} must be an int, got {value!r}")
             if value < 5 or value % 2 == 0:
-                raise MazeSpecError(f"{name} must be odd and >= 5 (outer wall + 2x2 cells), got {value}")
+                raise MazeSpecError(
+                    f"{name} must be odd and >= 5 (outer wall + 2x2 cells), got {value}"
+                )
             if value > 201:
                 raise MazeSpecError(f"{name} must be <= 201, got {value}")
         if self.generator not in GENERATORS:
-            raise MazeSpecError(f"unknown generator {self.generator!r}; choose one of {', '.join(GENERATORS)}")
+            raise MazeSpecError(
+                f"unknown generator {self.generator!r}; choose one of {', '.join(GENERATORS)}"
+            )
 
     @property
     def name(self) -> str:
@@ -63,7 +67,9 @@ class MazeSpec:
         base, _, gen = text.strip().lower().partition(":")
         generator = gen or "wilson"
         if generator not in GENERATORS:
-            raise MazeSpecError(f"unknown generator {generator!r} in {text!r}; choose one of {', '.join(GENERATORS)}")
+            raise MazeSpecError(
+                f"unknown generator {generator!r} in {text!r}; choose one of {', '.join(GENERATORS)}"
+            )
         if base in PRESETS:
             preset = PRESETS[base]
             return cls(preset.rows, preset.cols, generator)  # type: ignore[arg-type]
@@ -101,7 +107,9 @@ class Maze:
 
     def is_open(self, pos: Pos) -> bool:
         r, c = pos
-        return 0 <= r < self.walls.shape[0] and 0 <= c < self.walls.shape[1] and not self.walls[r, c]
+        return (
+            0 <= r < self.walls.shape[0] and 0 <= c < self.walls.shape[1] and not self.walls[r, c]
+        )
 
     @cached_property
     def shortest_path(self) -> tuple[Pos, ...]:
@@ -193,9 +201,17 @@ def generate(spec: MazeSpec | str = "easy", seed: int | None = None) -> Maze:
     """
     if isinstance(spec, str):
         spec = MazeSpec.parse(spec)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):  # pyright: ignore[reportUnnecessaryIsInstance] - user input
         raise MazeSpecError(f"seed must be a non-negative int or None, got {seed!r}")
-    np_rng = np.random.default_rng(seed)
+    return generate_from(spec, np.random.default_rng(seed), seed)
+
+
+def generate_from(spec: MazeSpec, np_rng: np.random.Generator, seed: int | None = None) -> Maze:
+    """Draw the next maze from ``np_rng`` as VisGym's env does from its ``np_random``.
+
+    Successive calls on one generator reproduce VisGym's successive unseeded resets.
+    ``seed`` is only recorded on the maze.
+    """
     carver_seed = int(np_rng.integers(2**32))
     interior = CARVERS[spec.generator](spec.rows - 2, spec.cols - 2, random.Random(carver_seed))
     walls = np.ones((spec.rows, spec.cols), dtype=np.bool_)

@@ -55,11 +55,16 @@ def initial_messages(
     r = renderer or Renderer(maze, style)
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": [image_part(r.data_uri()), text_part(task_text(maze, step_budget))]},
+        {
+            "role": "user",
+            "content": [image_part(r.data_uri()), text_part(task_text(maze, step_budget))],
+        },
     ]
 
 
-def feedback_message(result: StepResult, agent: Pos, steps_left: int, renderer: Renderer) -> Message:
+def feedback_message(
+    result: StepResult, agent: Pos, steps_left: int, renderer: Renderer
+) -> Message:
     """The user turn after an action: the environment's feedback and the new image."""
     text = f"{result.feedback} Turns left: {steps_left}."
     if not (result.terminated or result.truncated):

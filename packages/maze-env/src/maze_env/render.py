@@ -55,6 +55,17 @@ def _disc(cell_px: int) -> npt.NDArray[np.bool_]:
     return d2 <= (cell_px / 4) ** 2
 
 
+@lru_cache(maxsize=64)
+def _agent_stamp(style: Style, on_goal: bool) -> Frame:
+    # The agent's square, pre-drawn: the agent only ever stands on a path or the goal, so two
+    # stamps cover every frame and a step costs one slice copy instead of a masked write.
+    stamp = np.empty((style.cell_px, style.cell_px, 3), dtype=np.uint8)
+    stamp[...] = style.goal if on_goal else style.path
+    stamp[_disc(style.cell_px)] = style.agent
+    stamp.setflags(write=False)
+    return stamp
+
+
 class Renderer:
     """Renders one maze repeatedly; the static layer is drawn once and copied per frame."""
 
@@ -77,7 +88,8 @@ class Renderer:
         frame = self._base.copy()
         r, c = self.maze.start if agent is None else agent
         px = self.style.cell_px
-        frame[r * px : (r + 1) * px, c * px : (c + 1) * px][_disc(px)] = self.style.agent
+        on_goal = (r, c) == self.maze.goal
+        frame[r * px : (r + 1) * px, c * px : (c + 1) * px] = _agent_stamp(self.style, on_goal)
         return frame
 
     def png(self, agent: Pos | None = None) -> bytes:

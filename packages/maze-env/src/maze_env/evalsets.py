@@ -1,0 +1,84 @@
+"""Named, fixed evaluation sets, pinned by a content hash.
+
+A change to the generator, the seeding or the corner choice changes the hash, so it fails
+``verify_eval_set`` (and the tests) instead of silently changing a benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+from maze_env.maze import Maze, MazeSpec, generate
+
+
+class EvalSetError(ValueError):
+    """Unknown eval set, or one whose mazes no longer match the pinned hash."""
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    spec: MazeSpec
+    seeds: tuple[int, ...]
+    sha256: str
+    """Pinned hash of the mazes; see :func:`mazes_hash`."""
+    description: str = ""
+
+    @cached_property
+    def mazes(self) -> tuple[Maze, ...]:
+        return tuple(generate(self.spec, s) for s in self.seeds)
+
+    def computed_hash(self) -> str:
+        return mazes_hash(self.mazes)
+
+
+def mazes_hash(mazes: tuple[Maze, ...] | list[Maze]) -> str:
+    """sha256 over the ordered per-maze content hashes (layout, start, goal)."""
+    h = hashlib.sha256()
+    for m in mazes:
+        h.update(m.content_hash().encode())
+    return h.hexdigest()
+
+
+EVAL_SETS: dict[str, EvalSet] = {
+    s.name: s
+    for s in (
+        EvalSet(
+            "easy-64",
+            MazeSpec(9, 9),
+            tuple(range(64)),
+            "c78a71c10aa92caf01fde238be52949874a3c6ddbfedb3932241dc831ceca940",
+            "VisGym maze_2d/easy seeds 0..63: the fixed 64-maze set of SkyRL's VisGym example and the "
+            "reference result (43.75% -> 96.9%).",
+        ),
+        EvalSet(
+            "hard-64",
+            MazeSpec(11, 11),
+            tuple(range(64)),
+            "51b5c8a9e8a81dc07e5d0ae08095f0cbe0fe62c660bbc3c2e3a64d71f31db6c8",
+            "VisGym maze_2d/hard seeds 0..63.",
+        ),
+    )
+}
+
+
+def get_eval_set(name: str) -> EvalSet:
+    try:
+        return EVAL_SETS[name]
+    except KeyError:
+        raise EvalSetError(f"unknown eval set {name!r}; known: {', '.join(EVAL_SETS)}") from None
+
+
+def verify_eval_set(name: str) -> EvalSet:
+    """Return the named set after checking its mazes against the pinned hash."""
+    es = get_eval_set(name)
+    got = es.computed_hash()
+    if got != es.sha256:
+        raise EvalSetError(
+            f"eval set {name!r} changed: mazes hash {got}, pinned {es.sha256}. The generator or its "
+            "seeding no longer reproduces the benchmark; fix the generator, or if the change is "
+            "intended, publish it as a new eval set name."
+        )
+    return es
