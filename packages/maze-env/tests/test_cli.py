@@ -72,3 +72,10 @@ def test_bad_input_exits_2_with_one_line() -> None:
     assert proc.stderr.strip().startswith("maze-env: error:") and "odd" in proc.stderr
     proc = run("show", "--preset", "easy", "--seed", "-3")
     assert proc.returncode == 2 and "seed" in proc.stderr
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    proc = run("demo", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "oracle policy: solved 64/64 (100.00%)" in proc.stdout
+    assert (tmp_path / "maze_0.png").exists() and (tmp_path / "datasets" / "train.parquet").exists()

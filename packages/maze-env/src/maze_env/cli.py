@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evalsets", help="list the fixed eval sets and verify their pinned hashes")
 
+    p = sub.add_parser(
+        "demo", help="play easy-64 with an oracle and a random policy; write images and datasets"
+    )
+    p.add_argument("--out", type=Path, default=Path("out/demo"))
+    p.add_argument("--eval-set", default="easy-64", choices=sorted(EVAL_SETS))
+
     p = sub.add_parser("bench", help="time reset+render and step against VisGym's figures")
     p.add_argument("--seconds", type=float, default=1.0, help="time budget per measurement")
     return parser
@@ -188,6 +194,10 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
             _export(args, out)
         elif args.command == "evalsets":
             return _evalsets(out)
+        elif args.command == "demo":
+            from maze_env.demo import run_demo
+
+            run_demo(args.out, out, eval_set=args.eval_set)
         elif args.command == "bench":
             from maze_env.bench import run_bench
 

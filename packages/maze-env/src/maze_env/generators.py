@@ -56,51 +56,50 @@ def wilson(h: int, w: int, rng: random.Random) -> npt.NDArray[np.bool_]:
         return r
 
     # Cells are numbered row-major over the lattice, VisGym's enumeration order, so index picks
-    # into ``unvisited`` match. ``nbr[i][d]`` is the cell two squares away, or -1 off the lattice.
+    # into ``unvisited`` match. ``step[i][b]`` is the cell reached from ``i`` when the 3-bit draw
+    # is ``b``: a neighbour for b in 0..3 (VisGym's direction order), -1 for b >= 4 (randint's
+    # rejection) or off the lattice (VisGym's redraw), so one lookup replays both rejections.
     ch, cw = (h + 1) // 2, (w + 1) // 2
     n = ch * cw
-    nbr = [
+    step = [
         [
-            ((i // cw) + dr) * cw + (i % cw) + dc
-            if 0 <= (i // cw) + dr < ch and 0 <= (i % cw) + dc < cw
+            (i // cw + dr) * cw + i % cw + dc
+            if 0 <= i // cw + dr < ch and 0 <= i % cw + dc < cw
             else -1
             for dr, dc in _WALK
         ]
+        + [-1, -1, -1, -1]
         for i in range(n)
     ]
     visited = bytearray(n)
-    path = [0] * n
+    path = [
+        0
+    ] * n  # next cell on the current walk, per cell; overwritten on revisits (loop erasure)
     unvisited = list(range(n))
-    open_cells: list[int] = []  # cut cells
-    open_edges: list[tuple[int, int]] = []  # cut walls between (cell, direction)
+    carved: list[tuple[int, int]] = []
     first_cell = unvisited.pop(below(n))
     visited[first_cell] = 1
-    open_cells.append(first_cell)
     while unvisited:
         start = unvisited[below(len(unvisited))]
         current = start
-        while True:
-            ok = nbr[current]
-            d = getrandbits(3)
-            while d >= 4 or ok[d] < 0:
-                d = getrandbits(3)
-            # Overwriting the direction on revisits is what erases loops.
-            path[current] = d
-            current = ok[d]
-            if visited[current]:
-                break
+        while not visited[current]:
+            row = step[current]
+            nxt = row[getrandbits(3)]
+            while nxt < 0:
+                nxt = row[getrandbits(3)]
+            path[current] = nxt
+            current = nxt
         current = start
         while not visited[current]:
             visited[current] = 1
             unvisited.remove(current)
-            open_cells.append(current)
-            open_edges.append((current, path[current]))
-            current = nbr[current][path[current]]
+            carved.append((current, path[current]))
+            current = path[current]
     grid = np.zeros((h, w), dtype=np.bool_)
-    for i in open_cells:
-        grid[2 * (i // cw), 2 * (i % cw)] = True
-    for i, d in open_edges:
-        grid[2 * (i // cw) + _WALK[d][0], 2 * (i % cw) + _WALK[d][1]] = True
+    grid[0::2, 0::2] = True  # every cell ends up carved
+    for a, b in carved:
+        # The wall square between two adjacent cells sits at the mean of their coordinates.
+        grid[(a // cw + b // cw), (a % cw + b % cw)] = True
     return grid
 
 

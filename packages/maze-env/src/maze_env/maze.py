@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -158,24 +157,25 @@ _DELTA_TO_DIRECTION = {delta: d for d, delta in DIRECTION_DELTAS.items()}
 
 
 def _bfs(walls: npt.NDArray[np.bool_], start: Pos, goal: Pos) -> tuple[Pos, ...]:
-    # Flat indices over a bytes copy: per-element numpy indexing would dominate reset time.
+    # Flat indices over a bytes copy and a list as queue: per-element numpy indexing and deque
+    # calls would dominate reset time. The outer wall keeps every neighbour index in range.
     rows, cols = walls.shape
     wall = walls.tobytes()
     src, dst = start[0] * cols + start[1], goal[0] * cols + goal[1]
-    steps = (1, -cols, -1, cols)  # the outer wall guarantees no index leaves the grid
-    prev = {src: -1}
-    queue = deque([src])
-    while queue:
-        cur = queue.popleft()
+    steps = (1, -cols, -1, cols)
+    prev = [-1] * (rows * cols)
+    prev[src] = src
+    queue = [src]
+    for cur in queue:  # the list grows while iterated: a FIFO without deque overhead
         if cur == dst:
-            path: list[Pos] = []
-            while cur != -1:
-                path.append(divmod(cur, cols))
-                cur = prev[cur]
+            node, path = cur, [divmod(cur, cols)]
+            while node != src:
+                node = prev[node]
+                path.append(divmod(node, cols))
             return tuple(reversed(path))
         for step in steps:
             nxt = cur + step
-            if 0 <= nxt < rows * cols and not wall[nxt] and nxt not in prev:
+            if prev[nxt] < 0 and not wall[nxt]:
                 prev[nxt] = cur
                 queue.append(nxt)
     raise ValueError(f"goal {goal} is unreachable from {start}")

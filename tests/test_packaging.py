@@ -1,0 +1,82 @@
+"""Each package builds alone into a wheel that installs and imports in a fresh environment.
+
+This is what independent versioning means in practice: a team can release its package
+without the rest of the workspace. Workspace siblings a package depends on are offered as
+wheels too (as they would come from a package index), never as source.
+"""
+
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMBERS = sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml")) + sorted(
+    p.parent for p in ROOT.glob("apps/*/pyproject.toml")
+)
+
+
+def _meta(member: Path) -> dict[str, object]:
+    return tomllib.loads((member / "pyproject.toml").read_text())["project"]
+
+
+def _run(cmd: list[str], cwd: Path = ROOT) -> str:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+    }
+    proc = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=900, check=False, env=env
+    )
+    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    for member in MEMBERS:
+        _run(
+            [
+                "uv",
+                "build",
+                "--package",
+                str(_meta(member)["name"]),
+                "--wheel",
+                "--out-dir",
+                str(out),
+            ]
+        )
+    return out
+
+
+@pytest.mark.parametrize("member", MEMBERS, ids=[m.name for m in MEMBERS])
+def test_wheel_installs_and_imports_alone(member: Path, wheels: Path, tmp_path: Path) -> None:
+    meta = _meta(member)
+    name = str(meta["name"])
+    module = name.replace("-", "_")
+    built = sorted(wheels.glob(f"{module}-{meta['version']}-*.whl"))
+    assert len(built) == 1, f"expected one wheel for {name}, found {built}"
+    venv = tmp_path / "venv"
+    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)])
+    python = str(venv / "bin" / "python")
+    _run(
+        [
+            "uv",
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            python,
+            "--find-links",
+            str(wheels),
+            str(built[0]),
+        ]
+    )
+    # Only this wheel and its declared dependencies are present: no workspace source on the path.
+    code = f"import {module}, pathlib; p = pathlib.Path({module}.__file__); assert 'site-packages' in str(p), p; print({module}.__name__)"
+    assert _run([python, "-c", code], cwd=tmp_path).strip() == module
+    assert (Path(str(venv)) / "lib" / "python3.12" / "site-packages" / module / "py.typed").exists()
+    for script in dict(meta.get("scripts", {})):  # type: ignore[arg-type]
+        _run([str(venv / "bin" / script), "--help"], cwd=tmp_path)
