@@ -71,6 +71,13 @@ def test_non_text_and_bytes() -> None:
     assert isinstance(failure, ParseFailure) and failure.code == "not_text"
 
 
+def test_non_ascii_that_grows_when_lowercased_keeps_offsets() -> None:
+    assert parse_action("İİİ<action>up</action>") == U
+    assert parse_action("<ACTION>İ down</ACTION>") == ParseFailure(
+        "invalid_tag", "<action> tag holds no valid action: 'İ down'"
+    )
+
+
 def test_length_cap() -> None:
     result = parse_action("x" * (MAX_ACTION_CHARS + 1) + "<action>up</action>")
     assert isinstance(result, ParseFailure) and result.code == "too_long"

@@ -24,6 +24,7 @@ def test_parquet_export_matches_skyrl_row_contract(tmp_path: Path) -> None:
         maze = generate(row["preset"], row["seed"])
         assert row["step_budget"] == maze.step_budget()
         assert row["reward_spec"]["ground_truth"]["optimal_moves"] == maze.optimal_moves
+        assert row["env_config"] == {"cell_px": 25, "slack": 4}
         system, user = row["prompt"]
         assert system["role"] == "system" and user["role"] == "user"
         parts: list[dict[str, Any]] = user["content"]

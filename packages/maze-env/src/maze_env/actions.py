@@ -94,6 +94,9 @@ _WORD = re.compile(r"(?:(?:move|go)\s+)?(right|up|left|down|stop)", re.IGNORECAS
 _WORDS = {d.word: d for d in Direction}
 _OPEN, _CLOSE = "<action>", "</action>"
 _TRIM = " \t\r\n`'\".!,;:"
+# ASCII-only case folding keeps string positions stable: str.lower() lengthens some non-ASCII
+# characters (e.g. "İ"), which would shift offsets found in the folded copy.
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _from_tuple(m: re.Match[str]) -> ParseResult:
@@ -142,7 +145,7 @@ def parse_action(text: object, *, max_chars: int = MAX_ACTION_CHARS) -> ParseRes
     if not text.strip():
         return ParseFailure("empty", "reply is empty")
 
-    lowered = text.lower()
+    lowered = text.translate(_ASCII_LOWER)
     close = lowered.rfind(_CLOSE)
     if close != -1:
         open_ = lowered.rfind(_OPEN, 0, close)

@@ -1,7 +1,8 @@
 """Datasets as SkyRL reads them: one row per maze, parquet (or JSONL).
 
 Columns: ``data_source``, ``prompt`` (OpenAI messages with the maze image), ``env_class``,
-``reward_spec``, ``seed``, ``preset``, ``step_budget`` and ``extra_info``. SkyRL hands every
+``reward_spec``, ``seed``, ``preset``, ``step_budget``, ``extra_info`` and ``env_config``
+(``cell_px`` and ``slack`` used for the rendering and budget). SkyRL hands every
 column except ``prompt`` and ``env_class`` to the environment as ``extras``, so the env rebuilds
 the very maze the prompt shows from ``preset`` + ``seed``.
 """
@@ -56,6 +57,9 @@ def maze_row(
         "preset": preset,
         "step_budget": budget,
         "extra_info": {"split": split, "index": index, "seed": maze.seed, "preset": preset},
+        # SkyRL hands an undeclared env class an empty env_config, so the settings the images
+        # were rendered with travel in the row itself (maze-verifier reads extras["env_config"]).
+        "env_config": {"cell_px": style.cell_px, "slack": slack},
     }
 
 

@@ -68,8 +68,9 @@ class MazeGame:
     def steps_left(self) -> int:
         return self.step_budget - self.steps_used
 
-    def step(self, action: Action | str) -> StepResult:
-        """Apply one turn. ``action`` may be raw model text; it is parsed here."""
+    def step(self, action: Action | ParseFailure | str) -> StepResult:
+        """Apply one turn. ``action`` may be raw model text (parsed here) or an already parsed
+        result, so callers with their own length cap can pass a :class:`ParseFailure` through."""
         if self.done:
             raise RuntimeError("episode is over; start a new game")
         failure: ParseFailure | None = None
