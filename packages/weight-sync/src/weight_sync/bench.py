@@ -1,0 +1,192 @@
+"""Benchmark: publish vs plain copy of the same bytes, and subscriber notice latency.
+
+Run with ``weight-sync bench --dir DIR`` (DIR on the filesystem to measure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from weight_sync._fsutil import fsync_dir, hash_file
+from weight_sync.store import AdapterStore
+from weight_sync.subscriber import Subscriber
+from weight_sync.synthetic import qwen3_vl_8b, write_adapter
+
+Sample = tuple[float, float]  # (wall seconds, CPU seconds of this process, all threads)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(fn: Callable[[], object]) -> Sample:
+    os.sync()  # start every timing with no dirty pages from the previous one
+    c, t = _cpu(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t, _cpu() - c
+
+
+def _copy(src: Path, dst: Path, *, fsync: bool) -> None:
+    shutil.copytree(src, dst)
+    if fsync:
+        for f in dst.iterdir():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dst)
+
+
+def _hash_all(src: Path) -> None:
+    for f in src.iterdir():
+        hash_file(f)
+
+
+def _latency(
+    root: Path, src: Path, samples: int, *, inotify: bool, poll_interval: float
+) -> tuple[list[float], list[float]]:
+    """Publish ``samples`` versions; a subscriber *process* reports when it noticed each."""
+    store = AdapterStore(root)
+    cmd = [
+        sys.executable,
+        "-m",
+        "weight_sync.bench",
+        "--subscriber",
+        str(root),
+        str(samples),
+        str(poll_interval),
+        "1" if inotify else "0",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    notice: list[float] = []
+    handover: list[float] = []
+    try:
+        ready = proc.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"subscriber failed to start: {ready!r}")
+        base = store.latest_version() or 0
+        for i in range(1, samples + 1):
+            time.sleep(0.05)  # let the subscriber go back to sleep, as in steady state
+            store.publish(src, version=base + i, keep=2)
+            line = proc.stdout.readline()
+            rec = json.loads(line)
+            notice.append(rec["notice_ms"])
+            handover.append(rec["handover_ms"])
+    finally:
+        proc.wait(timeout=60)
+    return notice, handover
+
+
+def _subscriber_main(root: str, samples: int, poll_interval: float, inotify: bool) -> None:
+    store = AdapterStore(root)
+    with Subscriber(store, poll_interval=poll_interval, use_inotify=inotify) as sub:
+        last = store.latest_version()
+        print("ready", flush=True)
+        for _ in range(samples):
+            pv = sub.wait_for_newer(last, timeout=60)
+            if pv is None:
+                raise SystemExit("timed out waiting for a version")
+            done = time.time()
+            assert pv.published_at is not None
+            assert sub.noticed_at is not None
+            rec = {
+                "version": pv.version,
+                "notice_ms": (sub.noticed_at - pv.published_at) * 1000,
+                "handover_ms": (done - pv.published_at) * 1000,
+            }
+            print(json.dumps(rec), flush=True)
+            last = pv.version
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):7.3f}  min {min(xs):7.3f}  max {max(xs):7.3f}"
+
+
+_ROWS = {
+    "copy": "plain copy (shutil.copytree)",
+    "copy_fsync": "plain copy + fsync",
+    "publish": "publish (hash+fsync+rename+latest)",
+    "publish_nofsync": "publish --no-fsync",
+    "hash": "sha256 of the same bytes, 1 thread",
+}
+
+
+def run_bench(
+    *,
+    workdir: Path,
+    rounds: int,
+    latency_samples: int,
+    rank: int = 32,
+    poll_interval: float = 0.02,
+) -> int:
+    shape = qwen3_vl_8b(rank)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="weight-sync-bench-", dir=workdir) as tmp:
+        base = Path(tmp)
+        src = write_adapter(base / "src", shape, seed=0)
+        size = sum(f.stat().st_size for f in src.iterdir())
+        print(
+            f"adapter: Qwen3-VL-8B rank {rank}, {shape.num_params / 1e6:.1f}M params, "
+            f"{size / 1e6:.1f} MB bf16; dir {workdir.resolve()}; {rounds} rounds"
+        )
+        durable = AdapterStore(base / "store")
+        fast = AdapterStore(base / "store-nofsync", durable=False)
+        rows: dict[str, list[Sample]] = {k: [] for k in _ROWS}
+        for r in range(1, rounds + 1):
+            rows["hash"].append(_timed(lambda: _hash_all(src)))
+            plain, synced = base / f"c{r}", base / f"s{r}"
+            rows["copy"].append(_timed(lambda d=plain: _copy(src, d, fsync=False)))
+            rows["copy_fsync"].append(_timed(lambda d=synced: _copy(src, d, fsync=True)))
+            shutil.rmtree(plain)
+            shutil.rmtree(synced)
+            for store, key in ((durable, "publish"), (fast, "publish_nofsync")):
+                store.gc(keep=1)  # retention is not part of the copy being compared
+                rows[key].append(_timed(lambda s=store, v=r: s.publish(src, version=v)))
+        med = {k: statistics.median(w for w, _ in v) for k, v in rows.items()}
+        print("\nseconds per adapter: wall clock (median, min, max of rounds) | median CPU")
+        for key, label in _ROWS.items():
+            wall = [w for w, _ in rows[key]]
+            cpu = statistics.median(c for _, c in rows[key])
+            print(f"  {label:36s}{_fmt(wall)} | cpu {cpu:6.3f}")
+        print(f"  ratio publish / (copy + fsync)      {med['publish'] / med['copy_fsync']:.2f}x")
+        print(
+            f"  ratio publish / plain copy          {med['publish'] / med['copy']:.2f}x  "
+            "(target <= 1.2x)"
+        )
+        print(f"  ratio publish --no-fsync / copy     {med['publish_nofsync'] / med['copy']:.2f}x")
+        shutil.rmtree(base / "store-nofsync")
+
+        if latency_samples > 0:
+            print(f"\nsubscriber in another process, {latency_samples} publishes, milliseconds")
+            for inotify in (True, False):
+                notice, handover = _latency(
+                    base / "store",
+                    src,
+                    latency_samples,
+                    inotify=inotify,
+                    poll_interval=poll_interval if not inotify else 0.5,
+                )
+                mode = "inotify" if inotify else f"polling every {poll_interval * 1000:.0f} ms"
+                print(f"  {mode}: notice     {_fmt(notice)}  (target median <= 50)")
+                print(f"  {mode}: hand-over  {_fmt(handover)}  (incl. full sha256 verify)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--subscriber":
+        _subscriber_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1")
+    else:
+        raise SystemExit("usage: weight-sync bench --help")
