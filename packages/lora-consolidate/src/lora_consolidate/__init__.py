@@ -1,0 +1,32 @@
+"""Stream FSDP2 / DCP sharded LoRA checkpoints into one PEFT adapter with bounded memory;
+optionally merge it into base weights or reshard the checkpoint for another world size."""
+
+from lora_consolidate.consolidate import ConsolidateResult, consolidate
+from lora_consolidate.errors import ConsolidationError, OutputExistsError, ShardError
+from lora_consolidate.merge import MergeResult, merge_adapter
+from lora_consolidate.reshard import ReshardResult, reshard
+from lora_consolidate.sources import (
+    DcpCheckpoint,
+    RankFileCheckpoint,
+    ShardedCheckpoint,
+    open_checkpoint,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConsolidateResult",
+    "ConsolidationError",
+    "DcpCheckpoint",
+    "MergeResult",
+    "OutputExistsError",
+    "RankFileCheckpoint",
+    "ReshardResult",
+    "ShardError",
+    "ShardedCheckpoint",
+    "__version__",
+    "consolidate",
+    "merge_adapter",
+    "open_checkpoint",
+    "reshard",
+]
