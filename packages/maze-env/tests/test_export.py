@@ -55,3 +55,9 @@ def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         write_rows([{"bad": object()}], tmp_path / "x.jsonl", "jsonl")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_too_small_a_maze_space_is_an_error_not_a_hang() -> None:
+    tiny = get_eval_set("tiny-64")
+    with pytest.raises(ValueError, match="too few distinct mazes"):
+        train_seeds(4, spec=tiny.spec, avoid=tiny.mazes, max_scan=2000)

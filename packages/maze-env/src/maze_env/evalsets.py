@@ -54,6 +54,22 @@ EVAL_SETS: dict[str, EvalSet] = {
             "reference result (43.75% -> 96.9%).",
         ),
         EvalSet(
+            "small-64",
+            MazeSpec(7, 7),
+            tuple(range(64)),
+            "9fb161082cfb9eedd31974186141b6f887687452e3a7520403e946d70bc90242",
+            "7x7 (3x3 cells) Wilson seeds 0..63: the CPU-scale set the local engine's default run "
+            "reports on. 60 distinct layouts (7x7 has only 768).",
+        ),
+        EvalSet(
+            "tiny-64",
+            MazeSpec(5, 5),
+            tuple(range(64)),
+            "cced838f445eab09daab2db4b45a50166083b4b9a43d4f0f4016a267ffe1c794",
+            "5x5 (2x2 cells) seeds 0..63, 4 moves each: a smoke-scale set for laptop runs. Only 16 "
+            "distinct 5x5 mazes exist, so it measures learning the task, not generalisation.",
+        ),
+        EvalSet(
             "hard-64",
             MazeSpec(11, 11),
             tuple(range(64)),

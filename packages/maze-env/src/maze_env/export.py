@@ -64,17 +64,30 @@ def maze_row(
 
 
 def train_seeds(
-    n: int, *, spec: MazeSpec, offset: int = TRAIN_SEED_OFFSET, avoid: Iterable[Maze] = ()
+    n: int,
+    *,
+    spec: MazeSpec,
+    offset: int = TRAIN_SEED_OFFSET,
+    avoid: Iterable[Maze] = (),
+    max_scan: int | None = None,
 ) -> list[int]:
     """``n`` seeds from ``offset`` upward, skipping any that reproduce a maze in ``avoid``.
 
-    Small mazes repeat (easy has ~400k distinct layouts), so a training seed can land on an eval
-    maze; skipping those keeps the eval set unseen.
+    Small mazes repeat (easy has ~400k distinct layouts, 5x5 only 16), so a training seed can
+    land on an eval maze; skipping those keeps the eval set unseen. Raises ``ValueError`` when
+    ``max_scan`` seeds (default ``100 * n + 10_000``) do not yield ``n``: the spec has too few
+    layouts outside ``avoid``.
     """
     banned = {m.content_hash() for m in avoid}
+    limit = 100 * n + 10_000 if max_scan is None else max_scan
     out: list[int] = []
     seed = offset
     while len(out) < n:
+        if seed - offset >= limit:
+            raise ValueError(
+                f"only {len(out)} of {n} {spec.name} mazes found outside the {len(banned)} avoided "
+                f"layouts in {limit} seeds: this size has too few distinct mazes to keep them apart"
+            )
         if generate(spec, seed).content_hash() not in banned:
             out.append(seed)
         seed += 1

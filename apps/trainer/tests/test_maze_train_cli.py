@@ -1,0 +1,81 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "maze_trainer.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_dry_run_prints_the_resolved_config() -> None:
+    proc = run("--dry-run", "generator.n_samples_per_prompt=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "n_samples_per_prompt: 3" in proc.stdout and "local: LocalConfig(" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("trainer.bogus=1", "trainer.bogus"),
+        ("local.bogus=1", "local.bogus"),
+        ("local.eval_set=nope", "local.eval_set"),
+        ("trainer.resume_mode=sometimes", "resume_mode"),
+    ],
+)
+def test_config_errors_name_the_key(override: str, needle: str) -> None:
+    proc = run("--dry-run", override)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "maze-train: config error" in proc.stderr
+
+
+def test_not_an_override() -> None:
+    proc = run("stray")
+    assert proc.returncode == 2 and "key=value" in proc.stderr
+
+
+def test_skyrl_engine_validates_and_needs_the_gpu_image() -> None:
+    proc = run("--engine", "skyrl", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "Qwen3-VL-8B" in proc.stdout
+    proc = run("--engine", "skyrl")
+    assert proc.returncode == 3 and "GPU container image" in proc.stderr
+    proc = run("--engine", "skyrl", "--submit", "sagemaker_ray://maze-cluster/default", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        proc.stdout.startswith("ray job submit")
+        and "sagemaker_ray://maze-cluster/default" in proc.stdout
+    )
+
+
+def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
+    proc = run(
+        f"trainer.export_path={tmp_path}",
+        "trainer.max_training_steps=1",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "generator.n_samples_per_prompt=2",
+        "generator.sampling_params.max_generate_length=8",
+        "trainer.ckpt_interval=1",
+        "trainer.eval_interval=0",
+        "trainer.eval_before_train=false",
+        "local.sft_steps=2",
+        "local.rollout_workers=0",
+        "local.train_size=4",
+        "local.progress=false",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "final adapter:" in proc.stdout
+    assert (tmp_path / "final_adapter" / "adapter_model.safetensors").exists()
+    assert (
+        tmp_path / "ckpt" / "global_step_1" / "policy" / "lora_adapter" / "adapter_config.json"
+    ).exists()
+    assert (tmp_path / "ckpt" / "latest_ckpt_global_step.txt").read_text().strip() == "1"
+    assert (tmp_path / "metrics.jsonl").read_text().count("reward/avg_raw_reward") == 1

@@ -1,0 +1,116 @@
+"""20 random SIGKILLs of a training run, each followed by a resume; the final adapter is compared
+with an uninterrupted run of the same config and seed.
+
+    uv run python packages/maze-engine/benchmarks/chaos_resume.py --kills 20
+
+Kill times are uniform over each attempt's lifetime (start-up, rollout, update, checkpoint
+write), drawn from --seed. Prints each kill, the restarts, and whether the adapters are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNNER = (
+    "import sys\n"
+    "from maze_engine.config import LocalConfig\n"
+    "from maze_engine.skyrl_cluster import load_config\n"
+    "from maze_engine.trainer import train\n"
+    "cfg, local = load_config('tiny_local', sys.argv[1:])\n"
+    "train(cfg, LocalConfig.from_dict(local), say=lambda m: None)\n"
+)
+
+
+def overrides(run: Path, base: Path, steps: int) -> list[str]:
+    return [
+        f"trainer.export_path={run}",
+        f"trainer.policy.model.path={base}",
+        f"trainer.max_training_steps={steps}",
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=2",
+        "generator.n_samples_per_prompt=2",
+        "generator.sampling_params.max_generate_length=12",
+        "trainer.ckpt_interval=1",
+        "trainer.eval_interval=0",
+        "trainer.eval_before_train=false",
+        "trainer.policy.optimizer_config.lr=0.01",
+        "local.rollout_workers=0",
+        "local.train_size=16",
+        "local.progress=false",
+        "local.tensorboard=false",
+        "local.reward_spec=visgym_sft",
+    ]
+
+
+def digest(run: Path) -> str:
+    return hashlib.sha256(
+        (run / "final_adapter" / "adapter_model.safetensors").read_bytes()
+    ).hexdigest()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", type=Path, default=Path("runs/chaos"))
+    args = p.parse_args()
+    from maze_engine.config import LocalConfig
+    from maze_engine.trainer import ensure_base_model
+
+    shutil.rmtree(args.dir / "reference", ignore_errors=True)
+    shutil.rmtree(args.dir / "killed", ignore_errors=True)
+    base = ensure_base_model("tiny-qwen3vl", LocalConfig(sft_steps=3), args.dir, 0, print)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", RUNNER, *overrides(args.dir / "reference", base, args.steps)],
+        check=True,
+    )
+    ref_seconds = time.perf_counter() - t0
+    print(
+        f"uninterrupted run: {ref_seconds:.1f} s, adapter sha256 {digest(args.dir / 'reference')[:16]}"
+    )
+    rng = random.Random(args.seed)
+    run = args.dir / "killed"
+    kills = restarts = 0
+    started = time.perf_counter()
+    while True:
+        restarts += 1
+        proc = subprocess.Popen([sys.executable, "-c", RUNNER, *overrides(run, base, args.steps)])
+        if kills < args.kills:
+            delay = rng.uniform(2.0, ref_seconds)
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                latest = run / "ckpt" / "latest_ckpt_global_step.txt"
+                step = latest.read_text().strip() if latest.exists() else "-"
+                print(
+                    f"kill {kills:>2} after {delay:5.1f} s (latest checkpoint: step {step})",
+                    flush=True,
+                )
+                continue
+        else:
+            proc.wait()
+        if proc.returncode == 0:
+            break
+        raise SystemExit(f"run failed with exit code {proc.returncode}")
+    same = digest(run) == digest(args.dir / "reference")
+    print(f"kills: {kills}, starts: {restarts}, total {time.perf_counter() - started:.1f} s")
+    print(f"final adapter bit-identical to the uninterrupted run: {same}")
+    raise SystemExit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()

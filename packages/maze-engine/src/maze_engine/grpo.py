@@ -1,0 +1,110 @@
+"""GRPO losses from SkyRL's own functions, composed as SkyRL's FSDP worker composes them.
+
+Advantages come from SkyRL's advantage-estimator registry (``grpo``: group-normalised outcome
+reward, ``grpo_norm_by_std=False`` for Dr. GRPO), the loss reduction from
+``apply_loss_reduction_to_advantages_minibatch`` (``token_mean``, ``seq_mean_token_sum_norm``
+for Dr. GRPO, ...), the policy loss from ``PolicyLossRegistry`` (``regular`` PPO clip with
+``eps_clip_low``/``eps_clip_high`` for clip-higher, ``gspo``, ``cispo``, ...), and the optional KL
+term from ``compute_approx_kl``. The math is therefore the cluster's, key for key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from skyrl.backends.skyrl_train.utils.ppo_utils import (
+    PolicyLossRegistry,
+    apply_loss_reduction_to_advantages_minibatch,
+    compute_advantages_and_returns,  # pyright: ignore[reportUnknownVariableType]
+    compute_approx_kl,
+)
+from skyrl.backends.skyrl_train.utils.torch_utils import masked_mean
+from skyrl.train.config import AlgorithmConfig
+
+
+def outcome_token_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Place each episode's scalar reward on its last loss token, as SkyRL does."""
+    token_rewards = torch.zeros_like(loss_mask, dtype=torch.float32)
+    positions = torch.arange(loss_mask.shape[1]).expand_as(loss_mask)
+    last = torch.where(loss_mask > 0, positions, -1).max(dim=1).values
+    has = last >= 0
+    token_rewards[has, last[has]] = rewards[has].float()
+    return token_rewards
+
+
+def compute_advantages(
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    group_ids: npt.NDArray[Any],
+    algo: AlgorithmConfig,
+) -> torch.Tensor:
+    """Per-token advantages (B, T) for episodes whose GRPO group is ``group_ids[i]``."""
+    advantages, _returns = compute_advantages_and_returns(
+        token_level_rewards=outcome_token_rewards(rewards, loss_mask),
+        response_mask=loss_mask.float(),
+        index=np.asarray(group_ids),
+        adv_estimator=algo.advantage_estimator,  # pyright: ignore[reportArgumentType]
+        config=algo,
+        grpo_norm_by_std=algo.grpo_norm_by_std,
+        gamma=algo.gamma,
+        lambd=algo.lambd,
+    )
+    if algo.advantage_batch_normalize:
+        n = loss_mask.sum().clamp(min=1)
+        mean = advantages.mean()
+        var = ((advantages - mean).pow(2) * loss_mask).sum() / n
+        advantages = (advantages - mean) * var.clamp(min=1e-8).rsqrt()
+    return advantages
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    algo: AlgorithmConfig,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+) -> LossOutput:
+    """The scalar to backpropagate for one mini-batch, plus SkyRL-named metrics."""
+    mask = loss_mask.float()
+    scaled = apply_loss_reduction_to_advantages_minibatch(
+        advantages=advantages,
+        loss_mask=mask,
+        loss_reduction=algo.loss_reduction,
+        micro_batch_size=advantages.shape[0],
+        max_seq_len=max_seq_len or algo.max_seq_len or advantages.shape[1],
+    )
+    loss_fn: Any = PolicyLossRegistry.get(algo.policy_loss_type)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # pyright: ignore[reportUnknownMemberType]
+    pg_loss, loss_metrics = loss_fn(logprobs, old_logprobs, scaled, algo, mask)
+    total = pg_loss
+    metrics: dict[str, float] = {"policy/policy_loss": float(pg_loss.detach())}
+    metrics.update({f"policy/{k}": float(v) for k, v in loss_metrics.items()})
+    if entropy is not None:
+        ent = masked_mean(entropy, mask)
+        metrics["policy/policy_entropy"] = float(ent.detach())
+        if algo.use_entropy_loss:
+            total = total - algo.entropy_loss_coef * ent
+    if algo.use_kl_loss:
+        if ref_logprobs is None:
+            raise ValueError("trainer.algorithm.use_kl_loss=true needs reference logprobs")
+        kl = compute_approx_kl(
+            logprobs, ref_logprobs, loss_mask=mask, kl_estimator_type=algo.kl_estimator_type
+        )
+        kl_mean = masked_mean(kl, mask, dim=-1).mean()
+        total = total + algo.kl_loss_coef * kl_mean
+        metrics["policy/policy_kl"] = float(kl_mean.detach())
+    metrics["policy/final_loss"] = float(total.detach())
+    return LossOutput(total, metrics)

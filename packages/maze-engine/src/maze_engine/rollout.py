@@ -1,0 +1,127 @@
+"""Multi-turn maze rollouts through the skyrl-gym env class that SkyRL runs on the cluster.
+
+Every episode is a ``maze`` env from maze-verifier, built from its dataset row exactly as
+SkyRL builds it (``skyrl_gym.make("maze", env_config=..., extras=row minus prompt/env_class)``).
+Episodes advance in lockstep: each turn, one batched ``generate`` answers every unfinished
+episode, the env scores the reply, and its observation (feedback text + new image) is appended
+to that episode's token sequence with loss mask 0. The sampled tokens keep mask 1 and their
+sampling-time log-probs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from maze_engine.chat import Trajectory
+from maze_engine.policy import Policy, SamplingParams
+
+ENV_CLASS = "maze"
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from its parts: rollouts are reproducible whatever ran before them."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class Episode:
+    """One finished episode: its tokens and what the environment made of it."""
+
+    row_index: int
+    group: int
+    trajectory: Trajectory
+    reward: float = 0.0
+    solved: bool = False
+    turns: int = 0
+    replies: list[str] = field(default_factory=list[str])
+    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What SkyRL passes an env as ``extras``: every dataset column but ``prompt`` and ``env_class``."""
+    return {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
+
+
+def drop_nulls(value: Any) -> Any:
+    """Remove ``None`` fields that parquet adds to content parts (a text part read back from
+    parquet carries ``image_url: None``), so a message reads the same as before export."""
+    if isinstance(value, Mapping):
+        return {
+            k: drop_nulls(v) for k, v in cast(Mapping[str, Any], value).items() if v is not None
+        }
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in cast(list[Any], value)]
+    return value
+
+
+def _make_env(row: Mapping[str, Any], env_config: Mapping[str, Any] | None) -> Any:
+    import skyrl_gym
+
+    from maze_verifier import register_env
+
+    env_class = str(row.get("env_class", ENV_CLASS))
+    register_env(env_class)
+    return cast(
+        Any, skyrl_gym.make(env_class, env_config=dict(env_config or {}), extras=env_extras(row))
+    )  # pyright: ignore[reportUnknownMemberType]
+
+
+def run_episodes(
+    policy: Policy,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    sampling: SamplingParams,
+    seed: int,
+    row_indices: Sequence[int] | None = None,
+    groups: Sequence[int] | None = None,
+    env_config: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+) -> list[Episode]:
+    """Play one episode per row (repeat a row for GRPO samples) and return them in input order.
+
+    ``seed`` fixes every sampling decision; turn ``t`` samples with ``derive_seed(seed, t)``.
+    ``max_turns`` caps turns on top of each env's own budget.
+    """
+    tok = policy.processor.tokenizer
+    envs = [_make_env(row, env_config) for row in rows]
+    episodes: list[Episode] = []
+    for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
+        prompt, _meta = env.init(drop_nulls(row["prompt"]))
+        episodes.append(
+            Episode(
+                row_index=row_indices[i] if row_indices is not None else i,
+                group=groups[i] if groups is not None else i,
+                trajectory=policy.encoder.start(cast(Sequence[Mapping[str, Any]], prompt)),
+            )
+        )
+    active = list(range(len(episodes)))
+    turn = 0
+    while active:
+        gens = policy.generate(
+            [episodes[i].trajectory for i in active], sampling, seed=derive_seed(seed, turn)
+        )
+        still: list[int] = []
+        for i, gen in zip(active, gens, strict=True):
+            ep = episodes[i]
+            policy.encoder.add_assistant(ep.trajectory, gen.token_ids, gen.logprobs)
+            text = str(tok.decode(gen.token_ids, skip_special_tokens=True))
+            ep.replies.append(text)
+            out = cast(Mapping[str, Any], envs[i].step(text))
+            ep.turns += 1
+            done = bool(out["done"]) or (max_turns is not None and ep.turns >= max_turns)
+            if done:
+                ep.reward = float(out["reward"])
+                ep.metadata = dict(cast(Mapping[str, Any], envs[i].get_metrics()))
+                ep.solved = bool(ep.metadata.get("solved", False))
+                envs[i].close()
+                continue
+            for message in cast(Sequence[Mapping[str, Any]], out["observations"]):
+                policy.encoder.add_user(ep.trajectory, message)
+            still.append(i)
+        active = still
+        turn += 1
+    return episodes

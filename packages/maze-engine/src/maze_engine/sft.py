@@ -1,0 +1,385 @@
+"""Warm start: supervised fine-tuning on oracle maze episodes, and greedy end-to-end evaluation.
+
+The oracle plays ``maze.optimal_actions`` then ``stop``; each turn's reply is in VisGym's SFT
+format (``<observation>``, ``<justification>``, ``<action>``) and each following user turn is the
+real :func:`maze_env.prompts.feedback_message` with the real rendered image, so the training
+conversations are exactly what a rollout shows the policy.
+
+SFT trains **all weights** (AdamW): the tiny model starts random, and the reference runs showed
+that LoRA on a random model barely moves it. The result is saved as a plain (merged) checkpoint
+directory that :func:`maze_engine.model.load_vlm` loads, the analogue of the VisGym SFT
+checkpoint that GRPO + LoRA starts from on the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from maze_engine.chat import Trajectory
+from maze_engine.policy import Policy, SamplingParams, sequence_logprobs
+
+Pos = tuple[int, int]
+
+
+def oracle_reply(agent: Pos, goal: Pos, action: str) -> str:
+    """The oracle's answer in VisGym's SFT format for ``action`` taken at ``agent``."""
+    where = (
+        f"<observation>I am at row {agent[0]}, column {agent[1]}. "
+        f"The goal is at row {goal[0]}, column {goal[1]}.</observation>"
+    )
+    if action == "stop":
+        why = "<justification>I am on the goal, so I stop.</justification>"
+    else:
+        why = (
+            f"<justification>Moving {action} follows the shortest path to the goal.</justification>"
+        )
+    return f"{where}{why}<action>{action}</action>"
+
+
+def _style(cell_px: int) -> Any:
+    from maze_env.render import Style
+
+    return Style(cell_px=cell_px)
+
+
+def oracle_episode(policy: Policy, maze: Any, *, cell_px: int = 32) -> Trajectory:
+    """Encode the oracle's full episode on ``maze``: every optimal move, then ``stop``."""
+    from maze_env import MazeGame
+    from maze_env.prompts import feedback_message, initial_messages
+    from maze_env.render import Renderer
+
+    renderer = Renderer(maze, _style(cell_px))
+    game = MazeGame.start(maze)
+    enc = policy.encoder
+    traj = enc.start(initial_messages(maze, game.step_budget, renderer=renderer))
+    words = [d.word for d in maze.optimal_actions] + ["stop"]
+    for i, word in enumerate(words):
+        enc.add_assistant_text(traj, oracle_reply(game.agent, maze.goal, word))
+        result = game.step(word)
+        if i + 1 < len(words):
+            enc.add_user(traj, feedback_message(result, game.agent, game.steps_left, renderer))
+    if not game.solved:
+        raise RuntimeError(f"oracle failed on maze seed {maze.seed}: a maze_env bug")
+    return traj
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    episodes: int
+    solved: int
+    mean_turns: float
+    valid_action_rate: float
+    seconds: float
+
+    @property
+    def solve_rate(self) -> float:
+        return self.solved / self.episodes if self.episodes else 0.0
+
+
+def evaluate_policy(
+    policy: Policy,
+    spec: str,
+    seeds: Sequence[int],
+    *,
+    cell_px: int = 32,
+    max_new_tokens: int = 32,
+    batch_size: int = 16,
+    params: SamplingParams | None = None,
+    seed: int = 0,
+) -> EvalResult:
+    """Play whole episodes through :class:`maze_env.MazeGame`, batching the games in lockstep.
+
+    Greedy by default. Step budgets are the maze's default (optimal + 1 + 4 slack).
+    """
+    from maze_env import MazeGame, generate
+    from maze_env.actions import parse_action
+    from maze_env.prompts import feedback_message, initial_messages
+    from maze_env.render import Renderer
+
+    params = params or SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
+    t0 = time.perf_counter()
+    solved = turns = valid = replies = 0
+    tok = policy.processor.tokenizer
+    for lo in range(0, len(seeds), batch_size):
+        games: list[Any] = []
+        renderers: list[Any] = []
+        trajs: list[Trajectory] = []
+        for s in seeds[lo : lo + batch_size]:
+            maze = generate(spec, s)
+            r = Renderer(maze, _style(cell_px))
+            g = MazeGame.start(maze)
+            games.append(g)
+            renderers.append(r)
+            trajs.append(policy.encoder.start(initial_messages(maze, g.step_budget, renderer=r)))
+        step = 0
+        while True:
+            active = [i for i, g in enumerate(games) if not g.done]
+            if not active:
+                break
+            gens = policy.generate([trajs[i] for i in active], params, seed=seed + 1000 * lo + step)
+            step += 1
+            for i, gen in zip(active, gens, strict=True):
+                text = cast(str, tok.decode(gen.token_ids, skip_special_tokens=True))
+                replies += 1
+                valid += not hasattr(parse_action(text), "code")
+                result = games[i].step(text)
+                if not games[i].done:
+                    policy.encoder.add_assistant(trajs[i], gen.token_ids, gen.logprobs)
+                    policy.encoder.add_user(
+                        trajs[i],
+                        feedback_message(result, games[i].agent, games[i].steps_left, renderers[i]),
+                    )
+        solved += sum(g.solved for g in games)
+        turns += sum(g.steps_used for g in games)
+    n = len(seeds)
+    return EvalResult(
+        episodes=n,
+        solved=solved,
+        mean_turns=turns / n if n else 0.0,
+        valid_action_rate=valid / replies if replies else 0.0,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SFTConfig:
+    spec: str = "7x7"
+    steps: int = 300
+    batch_size: int = 4
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    seed: int = 0
+    cell_px: int = 32
+    train_seed_offset: int = 1_000_000
+    """Training mazes use seeds from here on; evaluation uses small seeds, so they never overlap."""
+    max_seconds: float = 600.0
+    eval_every: int = 0
+    """Evaluate (greedy, ``eval_seeds``) every this many steps; 0 = only at the end."""
+    eval_seeds: tuple[int, ...] = tuple(range(32))
+    max_new_tokens: int = 32
+    freeze_patch_embed: bool = True
+    """Keep the vision patch projection fixed: its Conv3d weight gradient is the single most
+    expensive op of a CPU step, and a random projection already separates the maze colours."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class SFTReport:
+    config: dict[str, Any]
+    losses: list[float] = field(default_factory=list[float])
+    action_accuracy: list[float] = field(default_factory=list[float])
+    evals: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
+    seconds: float = 0.0
+    steps_done: int = 0
+
+
+def sft_loss(policy: Policy, trajectories: Sequence[Trajectory]) -> torch.Tensor:
+    """Mean negative log-likelihood per assistant token (the policy distribution, T = 1)."""
+    batch = policy.collate(trajectories)
+    lp = sequence_logprobs(policy.model, batch, suppress_ids=policy.suppress_ids)
+    mask = batch.loss_mask
+    return -(lp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def action_accuracy(policy: Policy, trajectories: Sequence[Trajectory]) -> float:
+    """Teacher-forced accuracy of the greedy choice at each ``<action>`` word (the decision token)."""
+    tok = policy.processor.tokenizer
+    action_open = (
+        int(tok.convert_tokens_to_ids("<action>")) if "<action>" in tok.get_vocab() else -1
+    )
+    batch = policy.collate(trajectories)
+    with torch.no_grad():
+        logits = cast(Any, policy.model)(**batch.model_inputs(), use_cache=False).logits[:, :-1]
+    if policy.suppress_ids:
+        logits = logits.index_fill(-1, torch.tensor(policy.suppress_ids), float("-inf"))
+    pred = logits.argmax(-1)
+    target = batch.input_ids[:, 1:]
+    mask = batch.loss_mask[:, 1:].bool()
+    if action_open >= 0:
+        # The word right after the "<action>" token; fall back to every assistant token otherwise.
+        mask = mask & (batch.input_ids[:, :-1] == action_open)
+    hits = (pred == target) & mask
+    return float(hits.sum()) / max(1, int(mask.sum()))
+
+
+def _lr_lambda(cfg: SFTConfig) -> Any:
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    return f
+
+
+def run_sft(
+    policy: Policy,
+    config: SFTConfig,
+    *,
+    out_dir: str | Path | None = None,
+    log: Callable[[dict[str, float]], None] | None = None,
+) -> SFTReport:
+    """Train ``policy.model`` in place on oracle episodes; optionally save a checkpoint to ``out_dir``.
+
+    Stops after ``config.steps`` steps or ``config.max_seconds`` of training time, whichever first.
+    """
+    from maze_env import generate
+
+    model = policy.model
+    report = SFTReport(config=asdict(config))
+    if config.freeze_patch_embed:
+        for name, p in model.named_parameters():
+            if "patch_embed" in name:
+                p.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config))
+    rng_seed = config.train_seed_offset + config.seed * 1_000_003
+    next_seed = rng_seed
+    train_time = 0.0
+    for step in range(config.steps):
+        if train_time >= config.max_seconds:
+            break
+        ts = time.perf_counter()
+        trajs = [
+            oracle_episode(policy, generate(config.spec, next_seed + i), cell_px=config.cell_px)
+            for i in range(config.batch_size)
+        ]
+        next_seed += config.batch_size
+        model.train()
+        loss = sft_loss(policy, trajs)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # pyright: ignore[reportUnknownMemberType]
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()  # pyright: ignore[reportUnknownMemberType]
+        sched.step()
+        train_time += time.perf_counter() - ts
+        report.losses.append(float(loss.detach()))
+        report.steps_done = step + 1
+        if config.eval_every and (step + 1) % config.eval_every == 0:
+            model.eval()
+            res = evaluate_policy(
+                policy,
+                config.spec,
+                config.eval_seeds,
+                cell_px=config.cell_px,
+                max_new_tokens=config.max_new_tokens,
+            )
+            row = {
+                "step": step + 1,
+                "train_seconds": train_time,
+                "solve_rate": res.solve_rate,
+                "valid_action_rate": res.valid_action_rate,
+                "loss": float(loss.detach()),
+            }
+            report.evals.append(row)
+            if log is not None:
+                log(row)
+        elif log is not None and (step + 1) % 25 == 0:
+            log(
+                {
+                    "step": step + 1,
+                    "train_seconds": round(train_time, 1),
+                    "loss": float(loss.detach()),
+                }
+            )
+    model.eval()
+    report.seconds = train_time
+    if out_dir is not None:
+        save_merged(policy, out_dir, report)
+    return report
+
+
+def save_merged(policy: Policy, out_dir: str | Path, report: SFTReport | None = None) -> Path:
+    """Save model (LoRA merged if present), tokenizer and image processor as a loadable directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model: Any = policy.model
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    policy.processor.tokenizer.save_pretrained(out)
+    policy.processor.image_processor.save_pretrained(out)
+    if report is not None:
+        (out / "sft_report.json").write_text(json.dumps(asdict(report), indent=1))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m maze_engine.sft --out DIR``: build (or load) a tiny VLM, SFT it, evaluate, save."""
+    import argparse
+
+    from maze_engine.model import TinyVLMConfig, build_tiny_vlm, load_vlm
+
+    ap = argparse.ArgumentParser(prog="python -m maze_engine.sft", description=main.__doc__)
+    ap.add_argument("--out", required=True, help="directory for the SFT'd (merged) checkpoint")
+    ap.add_argument(
+        "--base", help="start from this checkpoint directory instead of a fresh tiny VLM"
+    )
+    ap.add_argument("--spec", default="5x5")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--max-seconds", type=float, default=600.0)
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--eval-episodes", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1 on shared cores)"
+    )
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    base = args.base
+    if base is None:
+        base = build_tiny_vlm(Path(args.out) / "_init", seed=args.seed, config=TinyVLMConfig())
+    model, processor = load_vlm(base)
+    policy = Policy(model, processor)
+    seeds = tuple(range(args.eval_episodes))
+    cfg = SFTConfig(
+        spec=args.spec,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        max_seconds=args.max_seconds,
+        eval_every=args.eval_every,
+        eval_seeds=seeds,
+    )
+    before = evaluate_policy(policy, args.spec, seeds[:8])
+    print(f"before: solve {before.solve_rate:.2%} on {before.episodes} mazes", flush=True)
+    report = run_sft(policy, cfg, log=lambda row: print(row, flush=True))
+    after = evaluate_policy(policy, args.spec, seeds)
+    report.evals.append(
+        {
+            "step": report.steps_done,
+            "train_seconds": report.seconds,
+            "solve_rate": after.solve_rate,
+            "valid_action_rate": after.valid_action_rate,
+        }
+    )
+    save_merged(policy, args.out, report)
+    print(
+        f"after {report.steps_done} steps / {report.seconds:.0f} s: solve {after.solve_rate:.2%} "
+        f"({after.solved}/{after.episodes}), valid actions {after.valid_action_rate:.2%}, "
+        f"mean turns {after.mean_turns:.1f}; saved {args.out}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+import json
+import math
+import urllib.request
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import pytest
+import torch
+from skyrl.backends.skyrl_train.utils.ppo_utils import (
+    compute_grpo_outcome_advantage,  # pyright: ignore[reportUnknownVariableType]
+)
+from skyrl.train.config import AlgorithmConfig
+
+from maze_engine.grpo import compute_advantages, outcome_token_rewards, policy_loss
+from maze_engine.metrics import MetricsSink, prometheus_name
+
+
+def test_metrics_reach_jsonl_tensorboard_and_prometheus(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path / "m.jsonl", tmp_path / "tb", prometheus_port=0)
+    try:
+        sink.log(1, {"reward/avg_raw_reward": 0.25, "eval/all/pass_at_1": 0.5, "bad": math.nan})
+        sink.log(2, {"reward/avg_raw_reward": 0.75})
+        assert sink.prometheus_port
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
+        assert "mazerl_reward_avg_raw_reward 0.75" in body
+        assert "mazerl_eval_all_pass_at_1 0.5" in body and "mazerl_global_step 2.0" in body
+    finally:
+        sink.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert lines == [
+        {"global_step": 1, "reward/avg_raw_reward": 0.25, "eval/all/pass_at_1": 0.5},
+        {"global_step": 2, "reward/avg_raw_reward": 0.75},
+    ]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert prometheus_name("timing/step") == "mazerl_timing_step"
+
+
+def test_advantages_are_skyrls_grpo() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    mask = torch.zeros(8, 6)
+    mask[:, 2:5] = 1
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    adv = compute_advantages(rewards, mask, groups, AlgorithmConfig())
+    expected = cast(
+        torch.Tensor,
+        compute_grpo_outcome_advantage(outcome_token_rewards(rewards, mask), mask, groups)[0],
+    )
+    assert torch.equal(adv, expected)
+    # (r - mean) / (unbiased std + eps) within each group, on loss tokens only.
+    assert adv[0, 3].item() == pytest.approx(0.5 / (np.std([1, 0, 0, 1], ddof=1) + 1e-6), rel=1e-5)
+    assert adv[:, :2].abs().sum() == 0 and adv[:, 5:].abs().sum() == 0
+    dr = compute_advantages(rewards, mask, groups, AlgorithmConfig(grpo_norm_by_std=False))
+    assert dr[0, 3].item() == pytest.approx(0.5)
+
+
+def test_policy_loss_gradient_pushes_up_good_actions() -> None:
+    algo = AlgorithmConfig(use_kl_loss=False, eps_clip_low=0.2, eps_clip_high=0.28)
+    mask = torch.ones(2, 4)
+    adv = torch.tensor([[1.0] * 4, [-1.0] * 4])
+    logits = torch.zeros(2, 4, requires_grad=True)
+    out = policy_loss(logits, logits.detach(), adv, mask, algo)
+    out.loss.backward()
+    assert logits.grad is not None
+    assert (logits.grad[0] < 0).all() and (logits.grad[1] > 0).all()  # descent raises row 0
+    assert "policy/clip_ratio" in out.metrics
+
+
+def test_kl_term_needs_reference_and_is_reported() -> None:
+    algo = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1)
+    lp = torch.full((1, 3), -1.0, requires_grad=True)
+    with pytest.raises(ValueError, match="use_kl_loss"):
+        policy_loss(lp, lp.detach(), torch.zeros(1, 3), torch.ones(1, 3), algo)
+    out = policy_loss(
+        lp,
+        lp.detach(),
+        torch.zeros(1, 3),
+        torch.ones(1, 3),
+        algo,
+        ref_logprobs=torch.full((1, 3), -2.0),
+    )
+    assert out.metrics["policy/policy_kl"] > 0

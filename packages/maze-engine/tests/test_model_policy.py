@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from maze_engine.chat import Trajectory
+from maze_engine.policy import Policy, SamplingParams, apply_lora, policy_logprobs
+from maze_env import MazeGame, generate
+from maze_env.prompts import feedback_message, initial_messages
+from maze_env.render import Renderer, token_aligned_style
+
+
+def _start(
+    policy: Policy, spec: str = "5x5", seed: int = 1
+) -> tuple[Trajectory, MazeGame, Renderer]:
+    maze = generate(spec, seed)
+    r = Renderer(maze, token_aligned_style())
+    game = MazeGame.start(maze)
+    return policy.encoder.start(initial_messages(maze, game.step_budget, renderer=r)), game, r
+
+
+def _rollout(
+    policy: Policy, params: SamplingParams, turns: int, seeds: list[int]
+) -> list[Trajectory]:
+    """Multi-turn sampling for several mazes at once, appending replies and feedback turns."""
+    states = [_start(policy, seed=s) for s in seeds]
+    tok: Any = policy.processor.tokenizer
+    for turn in range(turns):
+        gens = policy.generate([s[0] for s in states], params, seed=100 + turn)
+        for (traj, game, r), g in zip(states, gens, strict=True):
+            policy.encoder.add_assistant(traj, g.token_ids, g.logprobs)
+            res = game.step(tok.decode(g.token_ids)) if not game.done else None
+            if res is not None and not game.done:
+                policy.encoder.add_user(traj, feedback_message(res, game.agent, game.steps_left, r))
+    return [s[0] for s in states]
+
+
+def test_generation_never_emits_vision_tokens(tiny_policy: Policy) -> None:
+    model: Any = tiny_policy.model
+    vision = [i for i in tiny_policy.suppress_ids if i < len(tiny_policy.processor.tokenizer)]  # pyright: ignore[reportAttributeAccessIssue]
+    assert tiny_policy.encoder.image_token_id in vision
+    # Make vision tokens the model's favourite output, then check suppression still holds.
+    boost = torch.tensor(vision)
+
+    def favour_vision(_m: Any, _i: Any, out: torch.Tensor) -> torch.Tensor:
+        return out.index_add(-1, boost, torch.full((*out.shape[:-1], len(vision)), 50.0))
+
+    hook = model.lm_head.register_forward_hook(favour_vision)
+    try:
+        traj, _, _ = _start(tiny_policy)
+        raw = model(**tiny_policy.encoder.model_inputs(traj)).logits[0, -1].argmax()
+        assert int(raw) in vision  # without suppression a vision token would win
+        for params in (
+            SamplingParams(greedy=True, max_new_tokens=12),
+            SamplingParams(temperature=1.5, max_new_tokens=12),
+        ):
+            (g,) = tiny_policy.generate([traj], params, seed=0)
+            assert len(g.token_ids) > 0
+            assert not set(g.token_ids) & set(tiny_policy.suppress_ids)
+    finally:
+        hook.remove()
+
+
+def test_sampling_is_deterministic_per_seed(tiny_policy: Policy) -> None:
+    traj, _, _ = _start(tiny_policy)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    state = torch.random.get_rng_state()
+    a = tiny_policy.generate([traj], params, seed=7)[0]
+    b = tiny_policy.generate([traj], params, seed=7)[0]
+    c = tiny_policy.generate([traj], params, seed=8)[0]
+    assert torch.equal(state, torch.random.get_rng_state())  # global RNG untouched
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert a.token_ids != c.token_ids
+    assert all(lp <= 0 for lp in a.logprobs)
+
+
+def test_sampling_logprobs_match_recomputed_batched_multiturn(tiny_policy: Policy) -> None:
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=10)
+    trajs = _rollout(tiny_policy, params, turns=2, seeds=[1, 2, 3])
+    batch = tiny_policy.collate(trajs)
+    lp = policy_logprobs(tiny_policy, batch, params)
+    assert lp.requires_grad
+    mask = batch.loss_mask.bool()
+    assert int(mask.sum()) == sum(t.num_generated for t in trajs) > 0
+    diff = (lp.detach() - batch.old_logprobs)[mask].abs().max()
+    assert float(diff) < 1e-4
+    assert torch.isfinite(lp).all()
+    (-(lp * batch.loss_mask).sum()).backward()  # pyright: ignore[reportUnknownMemberType]
+
+
+def test_greedy_batch_equals_single(tiny_policy: Policy) -> None:
+    trajs = [_start(tiny_policy, "5x5", 1)[0], _start(tiny_policy, "7x7", 2)[0]]
+    params = SamplingParams(greedy=True, max_new_tokens=8)
+    both = tiny_policy.generate(trajs, params)
+    for t, g in zip(trajs, both, strict=True):
+        (single,) = tiny_policy.generate([t], params)
+        assert single.token_ids == g.token_ids
+
+
+def test_lora_wrapped_policy_excludes_vision_and_matches_logprobs(tiny_policy: Policy) -> None:
+    peft_model = apply_lora(tiny_policy.model, rank=4, alpha=8)
+    names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n and "language_model" in n for n in names)
+    # Non-zero adapters, so the check covers the LoRA path, not just the base weights.
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    policy = Policy(peft_model, tiny_policy.processor)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    trajs = _rollout(policy, params, turns=2, seeds=[4, 5])
+    batch = policy.collate(trajs)
+    lp = policy_logprobs(policy, batch, params)
+    mask = batch.loss_mask.bool()
+    assert float((lp.detach() - batch.old_logprobs)[mask].abs().max()) < 1e-4
+    loss = -(lp * batch.loss_mask).sum()
+    loss.backward()  # pyright: ignore[reportUnknownMemberType]
+    grads = [p.grad for n, p in peft_model.named_parameters() if "lora_A" in n]
+    assert grads and all(g is not None and float(g.abs().sum()) > 0 for g in grads)

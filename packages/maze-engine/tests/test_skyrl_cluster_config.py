@@ -1,0 +1,305 @@
+"""Shipped configs and overrides, built and validated by SkyRL's own config classes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from maze_engine.skyrl_cluster import (
+    LOCAL_KEY,
+    REFERENCE_CONFIG,
+    TINY_LOCAL_CONFIG,
+    SkyRLConfigError,
+    eval_slack,
+    load_config,
+    resolve_config_path,
+    shipped_configs,
+)
+from maze_env import DEFAULT_SLACK, get_eval_set
+
+
+@pytest.fixture(autouse=True)
+def _no_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("MAZERL_RUN", "MAZERL_SFT_CHECKPOINT", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_reference_config_carries_the_reference_settings() -> None:
+    from skyrl.train.config import SkyRLTrainConfig
+
+    cfg, local = load_config(REFERENCE_CONFIG)
+    assert isinstance(cfg, SkyRLTrainConfig)
+    assert local == {}
+    t, g = cfg.trainer, cfg.generator
+    run = "/shared/runs/maze-grpo-qwen3vl8b"
+    lora = t.policy.model.lora
+    assert t.policy.model.path == "Qwen/Qwen3-VL-8B-Instruct"
+    assert (lora.rank, lora.alpha, lora.target_modules) == (32, 64, "all-linear")
+    assert lora.exclude_modules == ".*visual.*"
+    assert lora.lora_sync_path == f"{run}/lora_sync"
+    assert t.strategy == "fsdp"
+    assert t.placement.colocate_all
+    assert (t.placement.policy_num_nodes, t.placement.policy_num_gpus_per_node) == (3, 2)
+    ie = g.inference_engine
+    assert (ie.backend, ie.num_engines, ie.tensor_parallel_size) == ("vllm", 6, 1)
+    assert ie.gpu_memory_utilization == 0.45
+    assert t.algorithm.advantage_estimator == "grpo"
+    assert not t.algorithm.use_kl_loss and not t.algorithm.use_kl_in_reward
+    assert g.n_samples_per_prompt == 8
+    assert t.train_batch_size == 32
+    assert g.sampling_params.temperature == 0.7
+    assert t.algorithm.temperature == 0.7  # SkyRL copies it for the loss
+    assert t.policy.optimizer_config.lr == 1e-6
+    assert (t.eval_interval, t.eval_before_train) == (10, True)
+    assert (t.ckpt_interval, t.hf_save_interval, t.resume_mode) == (20, 20, "latest")
+    assert t.ckpt_path == f"{run}/ckpt"
+    assert t.export_path == run
+    assert cfg.data.train_data == [f"{run}/data/train.parquet"]
+    assert cfg.data.val_data == [f"{run}/data/validation.parquet"]
+    assert cfg.environment.env_class == "maze"
+    # What SkyRL 0.4's VLM generator requires.
+    assert g.vision_language_generator and g.use_conversation_multi_turn
+    assert not g.batched and not g.step_wise_trajectories
+    assert not t.remove_microbatch_padding
+    # Greedy single-sample eval: eval/all/pass_at_1 is the solve rate.
+    assert g.eval_n_samples_per_prompt == 1
+    assert g.eval_sampling_params is not None and g.eval_sampling_params.temperature == 0.0
+
+
+def test_reference_max_turns_fits_every_easy_64_maze() -> None:
+    cfg, _ = load_config(REFERENCE_CONFIG)
+    worst = max(m.optimal_moves for m in get_eval_set("easy-64").mazes)
+    assert cfg.generator.max_turns == worst + 1 + DEFAULT_SLACK
+    assert eval_slack(cfg.generator.max_turns, "easy-64") == DEFAULT_SLACK
+    # VisGym's 15 turns cannot finish the 16-move mazes.
+    with pytest.raises(SkyRLConfigError, match=r"generator\.max_turns") as e:
+        eval_slack(15, "easy-64")
+    assert e.value.key == "generator.max_turns"
+    with pytest.raises(SkyRLConfigError, match="unknown eval set") as e:
+        eval_slack(21, "medium-64")
+    assert e.value.key == "eval_set"
+
+
+def test_sft_checkpoint_variable_and_run_name_override_move_every_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MAZERL_SFT_CHECKPOINT", "/shared/models/visgym-sft")
+    cfg, _ = load_config(REFERENCE_CONFIG, ["trainer.run_name=exp2", "trainer.epochs=3"])
+    assert cfg.trainer.policy.model.path == "/shared/models/visgym-sft"
+    assert cfg.trainer.ref.model.path == "/shared/models/visgym-sft"
+    assert cfg.trainer.epochs == 3
+    assert cfg.trainer.ckpt_path == "/shared/runs/exp2/ckpt"
+    assert cfg.trainer.policy.model.lora.lora_sync_path == "/shared/runs/exp2/lora_sync"
+    assert cfg.data.val_data == ["/shared/runs/exp2/data/validation.parquet"]
+
+
+def test_overrides_reach_nested_and_dict_fields() -> None:
+    cfg, _ = load_config(
+        REFERENCE_CONFIG,
+        [
+            "generator.n_samples_per_prompt=12",
+            "trainer.policy.model.lora.rank=16",
+            "generator.inference_engine.engine_init_kwargs.max_model_len=8192",
+            "trainer.resume_mode=null",
+            "data.val_data=[/shared/a.parquet,/shared/b.parquet]",
+        ],
+    )
+    assert cfg.generator.n_samples_per_prompt == 12
+    assert cfg.trainer.policy.model.lora.rank == 16
+    assert cfg.generator.inference_engine.engine_init_kwargs == {"max_model_len": 8192}
+    assert cfg.trainer.resume_mode is None
+    assert cfg.data.val_data == ["/shared/a.parquet", "/shared/b.parquet"]
+
+
+def test_tiny_local_config_validates_and_keeps_local_section_out_of_skyrl() -> None:
+    cfg, local = load_config(TINY_LOCAL_CONFIG, ["local.note=hello", "local.steps=3"])
+    assert local == {"note": "hello", "steps": 3}
+    assert not hasattr(cfg, LOCAL_KEY)
+    assert cfg.generator.n_samples_per_prompt == 4
+    assert cfg.trainer.policy.model.lora.rank == 8
+    assert cfg.trainer.train_batch_size == 4
+    assert cfg.environment.env_class == "maze"
+    # The local engine's eval set and slack (its `local:` settings or their defaults) give every
+    # eval maze a budget of at most generator.max_turns, exactly as on the cluster.
+    from maze_engine.config import LocalConfig
+
+    defaults = LocalConfig()
+    eval_set = local.get("eval_set", defaults.eval_set)
+    assert eval_slack(cfg.generator.max_turns, eval_set) == local.get("slack", defaults.slack)
+    assert TINY_LOCAL_CONFIG in shipped_configs() and REFERENCE_CONFIG in shipped_configs()
+
+
+def test_yaml_may_use_dotted_keys(tmp_path: Path) -> None:
+    path = tmp_path / "dotted.yaml"
+    path.write_text(
+        "trainer.epochs: 7\n"
+        "trainer.logger: console\n"
+        "trainer:\n  train_batch_size: 8\n  policy_mini_batch_size: 8\n"
+        "trainer.placement.colocate_all: false\n"
+        "generator.n_samples_per_prompt: 2\n"
+        "local:\n  threads: 2\n",
+        encoding="utf-8",
+    )
+    cfg, local = load_config(path)
+    assert (cfg.trainer.epochs, cfg.trainer.train_batch_size) == (7, 8)
+    assert not cfg.trainer.placement.colocate_all
+    assert cfg.generator.n_samples_per_prompt == 2
+    assert local == {"threads": 2}
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "hint"),
+    [
+        ("trainer.polcy.model.path=x", "trainer.polcy", "'trainer.policy'"),
+        (
+            "trainer.policy.model.lora.rnk=8",
+            "trainer.policy.model.lora.rnk",
+            "'trainer.policy.model.lora.rank'",
+        ),
+        ("generator.max_turn=5", "generator.max_turn", "'generator.max_turns'"),
+        ("foo=1", "foo", "local:"),
+    ],
+)
+def test_unknown_key_is_named_with_suggestions(override: str, key: str, hint: str) -> None:
+    with pytest.raises(SkyRLConfigError) as e:
+        load_config(REFERENCE_CONFIG, [override])
+    assert e.value.key == key
+    assert str(e.value).startswith(f"{key}: unknown key")
+    assert hint in str(e.value)
+    assert f"override {override.split('=', maxsplit=1)[0]}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "allowed"),
+    [
+        ("trainer.strategy=fsdq", "trainer.strategy", ("fsdp", "megatron")),
+        (
+            "trainer.resume_mode=sometimes",
+            "trainer.resume_mode",
+            ("latest", "none", "from_path", None),
+        ),
+        (
+            "trainer.logger=stdout",
+            "trainer.logger",
+            ("wandb", "mlflow", "swanlab", "tensorboard", "console"),
+        ),
+        (
+            "trainer.policy.model.lora.sync_mode=nfs",
+            "trainer.policy.model.lora.sync_mode",
+            ("disk", "memory"),
+        ),
+    ],
+)
+def test_bad_choice_names_key_and_allowed_values(
+    override: str, key: str, allowed: tuple[object, ...]
+) -> None:
+    with pytest.raises(SkyRLConfigError) as e:
+        load_config(REFERENCE_CONFIG, [override])
+    assert e.value.key == key
+    assert e.value.allowed == allowed
+    assert "allowed values:" in str(e.value)
+
+
+def test_registry_choices_come_from_skyrl() -> None:
+    from skyrl.backends.skyrl_train.utils.ppo_utils import AdvantageEstimatorRegistry
+
+    with pytest.raises(SkyRLConfigError) as e:
+        load_config(REFERENCE_CONFIG, ["trainer.algorithm.advantage_estimator=ppo2"])
+    assert e.value.key == "trainer.algorithm.advantage_estimator"
+    assert e.value.allowed is not None
+    assert set(e.value.allowed) == set(AdvantageEstimatorRegistry.list_available())
+    assert "grpo" in e.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "message"),
+    [
+        ("trainer.train_batch_size=abc", "trainer.train_batch_size", "'abc' is not an int"),
+        ("trainer.eval_before_train=3", "trainer.eval_before_train", "3 is not a bool"),
+        ("trainer.placement=3", "trainer.placement", "must be a section"),
+        ("trainer.policy.model.lora.rank=null", "trainer.policy.model.lora.rank", "not null"),
+        ("data.train_data=/one/file.parquet", "data.train_data", "is not a list of str"),
+    ],
+)
+def test_wrong_type_names_key(override: str, key: str, message: str) -> None:
+    with pytest.raises(SkyRLConfigError) as e:
+        load_config(REFERENCE_CONFIG, [override])
+    assert e.value.key == key
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("generator.batched=true", "generator.batched"),
+        ("generator.use_conversation_multi_turn=false", "generator.use_conversation_multi_turn"),
+        ("trainer.remove_microbatch_padding=true", "trainer.remove_microbatch_padding"),
+    ],
+)
+def test_vlm_generator_requirements(override: str, key: str) -> None:
+    with pytest.raises(SkyRLConfigError, match="vision_language_generator") as e:
+        load_config(REFERENCE_CONFIG, [override])
+    assert e.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "fragment"),
+    [
+        ("trainer.policy_mini_batch_size=5", "trainer.policy_mini_batch_size", "divisible"),
+        (
+            "generator.inference_engine.num_engines=4",
+            "generator.inference_engine.num_engines",
+            "num_rollout_gpus",
+        ),
+        ("trainer.logger=wandb", "trainer.logger", "WANDB_API_KEY"),
+    ],
+)
+def test_skyrl_validate_cfg_errors_are_attributed(override: str, key: str, fragment: str) -> None:
+    with pytest.raises(SkyRLConfigError, match="validate_cfg") as e:
+        load_config(REFERENCE_CONFIG, [override])
+    assert e.value.key == key
+    assert fragment in str(e.value)
+    # Without SkyRL's cross-field validation the same config builds.
+    cfg, _ = load_config(REFERENCE_CONFIG, [override], validate=False)
+    assert cfg.trainer.strategy == "fsdp"
+
+
+def test_bad_files_and_overrides(tmp_path: Path) -> None:
+    with pytest.raises(SkyRLConfigError, match="not found") as e:
+        load_config(tmp_path / "nope.yaml")
+    assert e.value.allowed is not None and REFERENCE_CONFIG in e.value.allowed
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer: [unclosed\n", encoding="utf-8")
+    with pytest.raises(SkyRLConfigError, match="cannot read config") as e:
+        load_config(broken)
+    assert str(broken) in str(e.value)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n", encoding="utf-8")
+    with pytest.raises(SkyRLConfigError, match="top level must be a mapping"):
+        load_config(listy)
+    bad_local = tmp_path / "local.yaml"
+    bad_local.write_text("local: 3\n", encoding="utf-8")
+    with pytest.raises(SkyRLConfigError) as e:
+        load_config(bad_local)
+    assert e.value.key == LOCAL_KEY
+    missing_env = tmp_path / "env.yaml"
+    missing_env.write_text(
+        "trainer:\n  run_name: ${oc.env:MAZERL_SURELY_UNSET_VAR}\n", encoding="utf-8"
+    )
+    with pytest.raises(SkyRLConfigError, match="MAZERL_SURELY_UNSET_VAR") as e:
+        load_config(missing_env)
+    assert e.value.key == "trainer.run_name"
+    for override, fragment in [
+        ("trainer.epochs", "is not key=value"),
+        ("+trainer.new_key=1", "not supported"),
+        ("trainer..epochs=1", "not a dotted key"),
+    ]:
+        with pytest.raises(SkyRLConfigError, match=fragment):
+            load_config(REFERENCE_CONFIG, [override])
+
+
+def test_shipped_name_resolution() -> None:
+    path = resolve_config_path(REFERENCE_CONFIG)
+    assert path == resolve_config_path(f"{REFERENCE_CONFIG}.yaml")
+    assert path.is_file() and path.parent.name == "configs"
