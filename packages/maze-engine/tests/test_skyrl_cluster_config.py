@@ -114,7 +114,15 @@ def test_overrides_reach_nested_and_dict_fields() -> None:
 
 def test_tiny_local_config_validates_and_keeps_local_section_out_of_skyrl() -> None:
     cfg, local = load_config(TINY_LOCAL_CONFIG, ["local.note=hello", "local.steps=3"])
-    assert local == {"note": "hello", "steps": 3}
+    assert local == {
+        "rollout_workers": 2,
+        "train_preset": "5x5",
+        "eval_set": "tiny-64",
+        "slack": 2,
+        "sft_steps": 400,
+        "note": "hello",
+        "steps": 3,
+    }
     assert not hasattr(cfg, LOCAL_KEY)
     assert cfg.generator.n_samples_per_prompt == 4
     assert cfg.trainer.policy.model.lora.rank == 8

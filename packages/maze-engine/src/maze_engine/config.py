@@ -21,10 +21,10 @@ class LocalConfig:
     """Ray actors generating rollouts; 0 runs rollouts in the learner's process (no Ray)."""
     torch_threads: int = 1
     """Threads per process (learner and each worker). Fixed so runs repeat bit for bit."""
-    train_preset: str = "7x7"
+    train_preset: str = "5x5"
     """Maze spec of the training mazes (``easy``, ``hard``, ``ROWSxCOLS[:generator]``)."""
     train_size: int = 256
-    eval_set: str = "small-64"
+    eval_set: str = "tiny-64"
     """Fixed eval set (maze-env ``EVAL_SETS``) scored before and after training."""
     cell_px: int = 32
     """Pixels per grid square: 32 puts one square in one Qwen3-VL visual token."""
@@ -32,7 +32,7 @@ class LocalConfig:
     """Turns beyond optimal moves + stop in each training maze's budget."""
     reward_spec: str = "task"
     """maze-verifier reward spec for training rows (``task``, ``visgym_sft``, ``efficiency``)."""
-    sft_steps: int = 300
+    sft_steps: int = 400
     """Warm-start steps on oracle demonstrations when the base model is built here."""
     sft_mazes: int = 512
     tiny_model: dict[str, Any] = field(default_factory=dict[str, Any])
