@@ -1,0 +1,5 @@
+import sys
+
+from maze_evaluator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,203 @@
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from maze_evaluation import (
+    EndpointBackend,
+    EvalRecord,
+    Identity,
+    Job,
+    Played,
+    ResultsFileError,
+    Sampling,
+    compare_lines,
+    episode_differences,
+    evaluate,
+    read_records,
+    write_gif,
+    write_report,
+)
+from maze_evaluation.testing import ScriptedServer
+
+SET = "small-64"
+N = 6
+STABLE = (
+    "eval_set",
+    "seed",
+    "sample",
+    "solved",
+    "reward",
+    "turns",
+    "moves",
+    "path",
+    "replies",
+    "failure",
+)
+
+
+class KilledError(Exception):
+    pass
+
+
+class StopAfter:
+    """Wraps a backend and dies after ``n`` finished episodes, as a killed run would."""
+
+    def __init__(self, inner: EndpointBackend, n: int) -> None:
+        self.inner = inner
+        self.n = n
+
+    @property
+    def identity(self) -> Identity:
+        return self.inner.identity
+
+    def play(
+        self, jobs: Sequence[Job], sampling: Sampling, on_done: Callable[[Played], None]
+    ) -> None:
+        seen = 0
+
+        def counted(p: Played) -> None:
+            nonlocal seen
+            if seen == self.n:
+                raise KilledError
+            on_done(p)
+            seen += 1
+
+        self.inner.play(jobs, sampling, counted)
+
+
+def stable(recs: Sequence[EvalRecord]) -> list[dict[str, Any]]:
+    return [{k: asdict(r)[k] for k in STABLE} for r in recs]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def test_resume_after_interruption_gives_the_same_records(
+    server: ScriptedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    full = evaluate(
+        EndpointBackend(server.url, "looper"),
+        eval_set=SET,
+        limit=N,
+        out=tmp_path / "full.jsonl",
+        progress=False,
+    )
+    out = tmp_path / "part.jsonl"
+    with pytest.raises(KilledError):
+        evaluate(
+            StopAfter(EndpointBackend(server.url, "looper"), 3),
+            eval_set=SET,
+            limit=N,
+            out=out,
+            progress=False,
+        )
+    partial = {r.key for r in read_records(out)}
+    assert len(partial) == 3
+    with out.open("a") as f:
+        f.write('{"eval_set": "small-64", "seed": 9')  # a write torn by a kill
+    with pytest.raises(ResultsFileError, match="already exists"):
+        evaluate(
+            EndpointBackend(server.url, "looper"), eval_set=SET, limit=N, out=out, progress=False
+        )
+    srv_before = server.requests
+    resumed = evaluate(
+        EndpointBackend(server.url, "looper"),
+        eval_set=SET,
+        limit=N,
+        out=out,
+        resume=True,
+        progress=False,
+    )
+    assert "torn last line" in caplog.text
+    assert stable(resumed) == stable(full)
+    assert stable(sorted(read_records(out), key=lambda r: r.key)) == stable(full)
+    # Only the 3 missing episodes were played again.
+    assert server.requests - srv_before == sum(r.turns for r in full if r.key not in partial)
+
+
+def test_corrupt_middle_line_names_file_and_line(server: ScriptedServer, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    evaluate(EndpointBackend(server.url, "stopper"), eval_set=SET, limit=3, out=out, progress=False)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
+    with pytest.raises(ResultsFileError, match=r"r\.jsonl: line 2"):
+        read_records(out)
+
+
+def test_resume_refuses_results_of_another_eval_set(server: ScriptedServer, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    evaluate(EndpointBackend(server.url, "stopper"), eval_set=SET, limit=2, out=out, progress=False)
+    with pytest.raises(ResultsFileError, match="easy-64"):
+        evaluate(
+            EndpointBackend(server.url, "stopper"),
+            eval_set="easy-64",
+            limit=2,
+            out=out,
+            resume=True,
+            progress=False,
+        )
+    with pytest.raises(ResultsFileError, match="same backend, model and adapter"):
+        evaluate(
+            EndpointBackend(server.url, "oracle"),
+            eval_set=SET,
+            limit=2,
+            out=out,
+            resume=True,
+            progress=False,
+        )
+
+
+def test_compare_report_and_gif(server: ScriptedServer, tmp_path: Path) -> None:
+    good = evaluate(EndpointBackend(server.url, "oracle"), eval_set=SET, limit=N, progress=False)
+    bad = evaluate(EndpointBackend(server.url, "bumper"), eval_set=SET, limit=N, progress=False)
+    lines = compare_lines(good, bad, ("oracle", "bumper"))
+    text = "\n".join(lines)
+    assert "100.00%" in text and "0.00%" in text
+    assert f"per-maze differences: {N} (solved only in oracle: {N}, only in bumper: 0)" in text
+    assert sum("-> out_of_budget/0m" in line for line in lines) == N
+
+    assert episode_differences(good, list(good)) == []
+    diffs = episode_differences(good, bad[1:])
+    assert diffs[0] == ((0, 0), "missing")
+    assert {f for _, f in diffs[1:]} == {
+        "solved",
+        "reward",
+        "failure",
+        "turns",
+        "moves",
+        "path",
+        "replies",
+    }
+    mixed = good[: N // 2] + bad[N // 2 :]
+    png = write_report(mixed, tmp_path / "report.png")
+    with Image.open(png) as im:
+        im.load()
+        assert im.format == "PNG" and im.width >= 420 and im.height > 300
+    looped = evaluate(EndpointBackend(server.url, "oracle"), eval_set=SET, limit=1, progress=False)[
+        0
+    ]
+    gif = write_gif(looped, tmp_path / "ep.gif", cell_px=16)
+    with Image.open(gif) as im:
+        assert im.format == "GIF" and getattr(im, "n_frames", 1) == len(looped.path)
+        assert im.size == (7 * 16, 7 * 16)
+
+
+def test_record_json_round_trips(server: ScriptedServer, tmp_path: Path) -> None:
+    recs = evaluate(
+        EndpointBackend(server.url, "garbage"),
+        eval_set=SET,
+        limit=1,
+        out=tmp_path / "r.jsonl",
+        progress=False,
+    )
+    line = (tmp_path / "r.jsonl").read_text().splitlines()[0]
+    assert json.loads(line) == json.loads(recs[0].to_json())
+    assert read_records(tmp_path / "r.jsonl") == recs
