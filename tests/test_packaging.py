@@ -9,6 +9,7 @@ import os
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -78,5 +79,6 @@ def test_wheel_installs_and_imports_alone(member: Path, wheels: Path, tmp_path: 
     code = f"import {module}, pathlib; p = pathlib.Path({module}.__file__); assert 'site-packages' in str(p), p; print({module}.__name__)"
     assert _run([python, "-c", code], cwd=tmp_path).strip() == module
     assert (Path(str(venv)) / "lib" / "python3.12" / "site-packages" / module / "py.typed").exists()
-    for script in dict(meta.get("scripts", {})):  # type: ignore[arg-type]
+    scripts = cast(dict[str, str], meta.get("scripts", {}))
+    for script in scripts:
         _run([str(venv / "bin" / script), "--help"], cwd=tmp_path)

@@ -1,0 +1,3 @@
+from maze_server.cli import main
+
+raise SystemExit(main())

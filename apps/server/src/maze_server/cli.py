@@ -1,0 +1,147 @@
+"""``maze-serve``: argument parsing and startup only; the server lives in ``maze_serving``.
+
+    maze-serve --model DIR [--served-model-name NAME] [--lora-modules name=path ...]
+               [--watch STORE_ROOT] [--host 127.0.0.1] [--port 8000]
+    maze-serve serve        # SageMaker: the image is started as ``<image> serve``
+
+``serve`` reads the SageMaker conventions: the model from ``SM_MODEL_DIR`` (default
+``/opt/ml/model``) unless ``MAZE_MODEL`` names a directory or ``s3://`` prefix; an adapter from
+``MAZE_ADAPTER`` (directory or ``s3://`` prefix), served as the default for ``/invocations``;
+or, when the model directory itself is a LoRA adapter (``adapter_config.json``), the base from
+``MAZE_BASE_MODEL``. It binds 0.0.0.0:8080 unless ``--host``/``--port`` say otherwise.
+Downloads run in the background after the port is open: ``/ping`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+SAGEMAKER_MODEL_DIR = "/opt/ml/model"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="maze-serve",
+        description="Serve a Qwen-VL model + LoRA adapters (OpenAI, vLLM LoRA and SageMaker routes).",
+    )
+    p.add_argument("command", nargs="?", choices=["serve"], help="'serve': SageMaker mode")
+    p.add_argument("--model", help="model directory or s3:// prefix (required outside 'serve')")
+    p.add_argument("--served-model-name", help="base model id (default: the directory name)")
+    p.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters to load at startup (directory or s3:// prefix)",
+    )
+    p.add_argument("--default-adapter", help="adapter used when a request names no model")
+    p.add_argument(
+        "--watch", help="weight-sync store root: serve each new version as <base>:latest"
+    )
+    p.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for 'serve')")
+    p.add_argument("--port", type=int, help="port (default 8000; 8080 for 'serve')")
+    p.add_argument("--max-pending", type=int, default=8, help="concurrent requests before 429")
+    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before 504")
+    p.add_argument("--max-tokens-limit", type=int, default=2048)
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--cache-dir", help="where s3:// downloads go (default: a temp dir)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def _lora_modules(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--lora-modules wants NAME=PATH, got {item!r}")
+        out[name] = path
+    return out
+
+
+class UsageError(Exception):
+    """Arguments or environment that cannot start a server."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    app: FastAPI
+    host: str
+    port: int
+    log_level: str
+
+
+def build(argv: Sequence[str] | None = None) -> Launch:
+    """Parse ``argv`` (+ SageMaker env for ``serve``) into the app and where to bind it."""
+    args = build_parser().parse_args(argv)
+    sagemaker = args.command == "serve"
+    env = os.environ
+    cache = args.cache_dir or env.get("MAZE_CACHE_DIR") or tempfile.mkdtemp(prefix="maze-serve-")
+    adapters = _lora_modules(args.lora_modules)
+    default_adapter: str | None = args.default_adapter
+    model: str | None = args.model
+    if sagemaker:
+        model = model or env.get("MAZE_MODEL") or env.get("SM_MODEL_DIR", SAGEMAKER_MODEL_DIR)
+        if env.get("MAZE_ADAPTER"):
+            adapters.setdefault("adapter", env["MAZE_ADAPTER"])
+            default_adapter = default_adapter or "adapter"
+    if model is None:
+        raise UsageError("--model is required (or use 'maze-serve serve')")
+    model_path = model
+    if not model.startswith("s3://") and (Path(model) / "adapter_config.json").is_file():
+        # SageMaker packaged just the adapter: the base comes from MAZE_BASE_MODEL.
+        base = env.get("MAZE_BASE_MODEL")
+        if not base:
+            raise UsageError(f"{model} is a LoRA adapter; set MAZE_BASE_MODEL to its base model")
+        adapters.setdefault("adapter", model)
+        default_adapter = default_adapter or "adapter"
+        model_path = base
+    # Heavy imports (torch, transformers) only once the arguments are known to be good.
+    from maze_serving import EngineConfig, create_app
+
+    name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
+    config = EngineConfig(
+        model_path=model_path,
+        served_model_name=name or Path(model_path.rstrip("/")).name,
+        adapters=adapters,
+        default_adapter=default_adapter,
+        watch_dir=args.watch or env.get("MAZE_WATCH_DIR"),
+        max_pending=args.max_pending,
+        request_timeout_s=args.request_timeout,
+        max_new_tokens_limit=args.max_tokens_limit,
+        threads=args.threads,
+        cache_dir=cache,
+    )
+    app = create_app(config, max_body_bytes=args.max_body_bytes, cache_dir=cache)
+    host = args.host or ("0.0.0.0" if sagemaker else "127.0.0.1")
+    port = args.port or (8080 if sagemaker else 8000)
+    return Launch(app, host, port, args.log_level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        launch = build(argv)
+    except UsageError as exc:
+        print(f"maze-serve: {exc}", file=sys.stderr)
+        return 2
+    from maze_serving import run
+
+    logging.basicConfig(level=launch.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    run(launch.app, host=launch.host, port=launch.port, log_level=launch.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

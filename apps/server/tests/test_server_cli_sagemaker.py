@@ -1,0 +1,192 @@
+"""``maze-serve`` as a real process: SageMaker ``serve`` (model + S3 adapter via moto) and CLI mode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from maze_engine.model import build_tiny_vlm, load_vlm
+from maze_serving import free_port
+
+TARGETS = r".*language_model.*\.(q_proj|v_proj)"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = load_vlm(tiny)
+    torch.manual_seed(1)
+    cfg = LoraConfig(r=4, lora_alpha=64, target_modules=TARGETS, init_lora_weights=False)
+    peft_model: Any = get_peft_model(model, cfg)  # pyright: ignore[reportArgumentType]
+    out = tmp_path_factory.mktemp("a") / "adapter"
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture
+def moto_env() -> Iterator[dict[str, str]]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket="sm-models")
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maze_server", *args, "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_port(proc: subprocess.Popen[bytes], url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        try:
+            httpx.get(f"{url}/ping", timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def wait_ready(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/ping").json()["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_sagemaker_serve_with_adapter_from_s3(
+    tiny: Path, adapter: Path, moto_env: dict[str, str]
+) -> None:
+    import boto3
+
+    s3: Any = boto3.client("s3")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    for f in adapter.iterdir():
+        s3.upload_file(str(f), "sm-models", f"adapters/run1/{f.name}")
+    env = {**moto_env, "SM_MODEL_DIR": str(tiny), "MAZE_ADAPTER": "s3://sm-models/adapters/run1"}
+    proc, url = start(["serve"], env)
+    try:
+        wait_port(proc, url)
+        t0 = time.monotonic()
+        ping = httpx.get(f"{url}/ping", timeout=2)
+        assert time.monotonic() - t0 < 2 and ping.status_code == 200
+        assert ping.json()["status"] in ("loading", "ready")
+        wait_ready(url)
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+        assert models == ["tiny", "tiny:adapter"]
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        inv = httpx.post(f"{url}/invocations", json={**body, "logprobs": True}, timeout=60)
+        assert inv.status_code == 200, inv.text
+        assert inv.json()["model"] == "tiny:adapter"  # the packaged adapter is the default
+        base = httpx.post(f"{url}/invocations", json={**body, "model": "tiny", "logprobs": True})
+        lp = [
+            [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+            for r in (inv, base)
+        ]
+        assert lp[0] != lp[1]
+    finally:
+        stop(proc)
+
+
+def test_cli_mode_with_lora_modules(tiny: Path, adapter: Path) -> None:
+    from maze_server.cli import build
+    from maze_serving import serve_in_thread
+
+    launch = build(
+        ["--model", str(tiny), "--served-model-name", "maze", "--lora-modules", f"a={adapter}"]
+    )
+    assert (launch.host, launch.port) == ("127.0.0.1", 8000)
+    with serve_in_thread(launch.app, wait_model=True) as url:
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+        assert models == ["maze", "maze:a"]
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "model": "maze:a",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["model"] == "maze:a"
+
+
+def test_serve_defaults_follow_the_sagemaker_contract(
+    tiny: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_server.cli import build
+
+    monkeypatch.setenv("SM_MODEL_DIR", str(adapter))
+    monkeypatch.setenv("MAZE_BASE_MODEL", str(tiny))
+    launch = build(["serve"])
+    assert (launch.host, launch.port) == ("0.0.0.0", 8080)
+    engine = launch.app.state.engine
+    assert engine.config.model_path == str(tiny) and engine.base_name == "tiny"
+    assert engine.config.adapters == {"adapter": str(adapter)}
+    assert engine.config.default_adapter == "adapter"
+
+
+def test_cli_usage_errors(
+    adapter: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from maze_server.cli import main
+
+    monkeypatch.delenv("MAZE_BASE_MODEL", raising=False)
+    cases: tuple[tuple[list[str], str], ...] = (
+        ([], "--model is required"),
+        (["--model", "m", "--lora-modules", "x"], "NAME=PATH"),
+        (["--model", str(adapter)], "MAZE_BASE_MODEL"),
+    )
+    for args, needle in cases:
+        assert main(args) == 2
+        assert needle in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""Request bodies of the OpenAI / vLLM / SageMaker routes (pydantic, so /openapi.json is exact)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart]
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI chat completions; unknown OpenAI fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(default=None, description="'<base>' or '<base>:<adapter>'")
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=128)
+    stream: bool | None = False
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    logprobs: bool | None = False
+    # vLLM sampling extras
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = False
+
+    def as_messages(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class LoadLoraRequest(BaseModel):
+    lora_name: str = Field(min_length=1, max_length=200)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadLoraRequest(BaseModel):
+    lora_name: str = Field(min_length=1, max_length=200)
