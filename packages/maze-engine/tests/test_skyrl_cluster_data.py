@@ -25,6 +25,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 TRAIN_SIZE = 8
+EASY_64_TURNS = ["generator.max_turns=21"]  # 16 moves + stop + 4: finishes every easy-64 maze
 SFT_REPLY = "<observation>blue at {pos}</observation><justification>path</justification>{action}"
 
 # A chat template shaped like Qwen-VL's: content may be a list of text / image parts.
@@ -60,7 +61,8 @@ def _tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    cfg, _ = load_config(TINY_LOCAL_CONFIG)
+    # These tests export easy-64 (the cluster's eval set): give it a budget that finishes it.
+    cfg, _ = load_config(TINY_LOCAL_CONFIG, EASY_64_TURNS)
     out = tmp_path_factory.mktemp("shared") / "runs" / "t" / "data"
     return cfg, prepare_datasets(cfg, out, train_size=TRAIN_SIZE)
 
@@ -139,7 +141,7 @@ def test_prepare_datasets_rejects_unusable_settings(tmp_path: Path) -> None:
     with pytest.raises(SkyRLConfigError) as e:
         prepare_datasets(cfg, tmp_path)
     assert e.value.key == "generator.max_turns"
-    cfg, _ = load_config(TINY_LOCAL_CONFIG)
+    cfg, _ = load_config(TINY_LOCAL_CONFIG, EASY_64_TURNS)
     with pytest.raises(SkyRLConfigError) as e:
         prepare_datasets(cfg, tmp_path, train_size=2)
     assert e.value.key == "trainer.train_batch_size"
