@@ -513,10 +513,18 @@ class Trainer:
             eval_after = ev["eval/all/pass_at_1"]
             self.metrics.log(self.global_step, ev)
         final = self.run_dir / "final_adapter"
-        shutil.rmtree(final, ignore_errors=True)
         latest = self.store.latest()
         assert latest is not None
-        shutil.copytree(latest.path, final)
+        # Copy beside the target and swap in by rename, so a reader never sees a half copy.
+        staging = self.run_dir / ".final_adapter.staging"
+        retired = self.run_dir / ".final_adapter.old"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(retired, ignore_errors=True)
+        shutil.copytree(latest.path, staging)
+        if final.exists():
+            final.rename(retired)
+        staging.rename(final)
+        shutil.rmtree(retired, ignore_errors=True)
         return TrainResult(
             self.run_dir, self.global_step, self.eval_before, eval_after, final, self.history
         )
