@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -120,7 +121,7 @@ def test_sagemaker_serve_with_adapter_from_s3(
         t0 = time.monotonic()
         ping = httpx.get(f"{url}/ping", timeout=2)
         assert time.monotonic() - t0 < 2 and ping.status_code == 200
-        assert ping.json()["status"] in ("loading", "ready")
+        assert ping.json()["status"] in ("starting", "loading", "ready")
         wait_ready(url)
         models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
         assert models == ["tiny", "tiny:adapter"]
@@ -136,6 +137,51 @@ def test_sagemaker_serve_with_adapter_from_s3(
         assert lp[0] != lp[1]
     finally:
         stop(proc)
+
+
+def test_ping_answers_while_torch_imports_then_the_app_takes_the_same_port(tiny: Path) -> None:
+    """The port opens before the heavy imports: /ping is 200 from the early responder, other
+    routes 503 + Retry-After, then the real app answers on the same socket."""
+    proc, url = start(["serve"], {"SM_MODEL_DIR": str(tiny)})
+    try:
+        wait_port(proc, url)
+        seen: list[str] = []
+        refused_during_handover = 0
+        deadline = time.monotonic() + 120
+        while not seen or seen[-1] != "ready":
+            assert time.monotonic() < deadline, seen
+            try:
+                ping = httpx.get(f"{url}/ping", timeout=2)
+            except httpx.TransportError:
+                refused_during_handover += 1
+                continue
+            assert ping.status_code == 200
+            status = ping.json()["status"]
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == "starting":
+                early = httpx.post(f"{url}/invocations", json={"messages": []}, timeout=2)
+                assert early.status_code == 503 and early.headers["retry-after"] == "5"
+                assert early.json()["error"]["code"] == 503
+            time.sleep(0.02)
+        # torch takes seconds to import, so the early responder is always seen first.
+        assert seen[0] == "starting" and seen[-1] == "ready", seen
+        assert refused_during_handover == 0
+        assert set(seen) <= {"starting", "loading", "ready"}
+        assert httpx.get(f"{url}/health").status_code == 200
+    finally:
+        stop(proc)
+
+
+def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from maze_server.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert main(["--model", "m", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def test_cli_mode_with_lora_modules(tiny: Path, adapter: Path) -> None:

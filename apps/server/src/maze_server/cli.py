@@ -9,7 +9,9 @@
 ``MAZE_ADAPTER`` (directory or ``s3://`` prefix), served as the default for ``/invocations``;
 or, when the model directory itself is a LoRA adapter (``adapter_config.json``), the base from
 ``MAZE_BASE_MODEL``. It binds 0.0.0.0:8080 unless ``--host``/``--port`` say otherwise.
-Downloads run in the background after the port is open: ``/ping`` answers at once.
+The port is bound before torch is imported and answers ``/ping`` from then on (a standard-library
+responder until the app takes over the same socket); downloads and model loading run in the
+background after that.
 """
 
 from __future__ import annotations
@@ -76,6 +78,21 @@ class UsageError(Exception):
 
 
 @dataclass(frozen=True)
+class Settings:
+    """What the arguments and environment resolve to; cheap to compute (no torch)."""
+
+    model_path: str
+    served_model_name: str
+    adapters: dict[str, str]
+    default_adapter: str | None
+    watch_dir: str | None
+    cache_dir: str
+    host: str
+    port: int
+    args: argparse.Namespace
+
+
+@dataclass(frozen=True)
 class Launch:
     app: FastAPI
     host: str
@@ -83,8 +100,8 @@ class Launch:
     log_level: str
 
 
-def build(argv: Sequence[str] | None = None) -> Launch:
-    """Parse ``argv`` (+ SageMaker env for ``serve``) into the app and where to bind it."""
+def resolve(argv: Sequence[str] | None = None) -> Settings:
+    """Parse ``argv`` (+ SageMaker env for ``serve``); raises :class:`UsageError`."""
     args = build_parser().parse_args(argv)
     sagemaker = args.command == "serve"
     env = os.environ
@@ -108,38 +125,69 @@ def build(argv: Sequence[str] | None = None) -> Launch:
         adapters.setdefault("adapter", model)
         default_adapter = default_adapter or "adapter"
         model_path = base
-    # Heavy imports (torch, transformers) only once the arguments are known to be good.
-    from maze_serving import EngineConfig, create_app
-
     name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
-    config = EngineConfig(
+    return Settings(
         model_path=model_path,
         served_model_name=name or Path(model_path.rstrip("/")).name,
         adapters=adapters,
         default_adapter=default_adapter,
         watch_dir=args.watch or env.get("MAZE_WATCH_DIR"),
+        cache_dir=cache,
+        host=args.host or ("0.0.0.0" if sagemaker else "127.0.0.1"),
+        port=args.port or (8080 if sagemaker else 8000),
+        args=args,
+    )
+
+
+def create(settings: Settings) -> Launch:
+    """Build the app: the heavy imports (torch, transformers) happen here."""
+    from maze_serving import EngineConfig, create_app
+
+    args = settings.args
+    config = EngineConfig(
+        model_path=settings.model_path,
+        served_model_name=settings.served_model_name,
+        adapters=settings.adapters,
+        default_adapter=settings.default_adapter,
+        watch_dir=settings.watch_dir,
         max_pending=args.max_pending,
         request_timeout_s=args.request_timeout,
         max_new_tokens_limit=args.max_tokens_limit,
         threads=args.threads,
-        cache_dir=cache,
+        cache_dir=settings.cache_dir,
     )
-    app = create_app(config, max_body_bytes=args.max_body_bytes, cache_dir=cache)
-    host = args.host or ("0.0.0.0" if sagemaker else "127.0.0.1")
-    port = args.port or (8080 if sagemaker else 8000)
-    return Launch(app, host, port, args.log_level)
+    app = create_app(config, max_body_bytes=args.max_body_bytes, cache_dir=settings.cache_dir)
+    return Launch(app, settings.host, settings.port, args.log_level)
+
+
+def build(argv: Sequence[str] | None = None) -> Launch:
+    """:func:`resolve` then :func:`create`: the app and where to bind it."""
+    return create(resolve(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        launch = build(argv)
+        settings = resolve(argv)
     except UsageError as exc:
         print(f"maze-serve: {exc}", file=sys.stderr)
         return 2
+    from maze_serving.early import EarlyResponder, bind_socket
+
+    logging.basicConfig(
+        level=settings.args.log_level.upper(), format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"maze-serve: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr
+        )
+        return 2
+    with EarlyResponder(sock):
+        launch = create(settings)
     from maze_serving import run
 
-    logging.basicConfig(level=launch.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    run(launch.app, host=launch.host, port=launch.port, log_level=launch.log_level)
+    run(launch.app, host=launch.host, port=launch.port, log_level=launch.log_level, sock=sock)
     return 0
 
 

@@ -18,9 +18,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve until interrupted (SIGINT/SIGTERM)."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+def run(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    *,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM), on ``sock`` when given (already listening)."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
+    )
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
 @contextmanager
