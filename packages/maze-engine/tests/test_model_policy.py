@@ -5,7 +5,13 @@ from typing import Any
 import torch
 
 from maze_engine.chat import Trajectory
-from maze_engine.policy import Policy, SamplingParams, apply_lora, policy_logprobs
+from maze_engine.policy import (
+    Policy,
+    SamplingParams,
+    apply_lora,
+    policy_logprobs,
+    policy_logprobs_and_entropy,
+)
 from maze_env import MazeGame, generate
 from maze_env.prompts import feedback_message, initial_messages
 from maze_env.render import Renderer, token_aligned_style
@@ -87,6 +93,26 @@ def test_sampling_logprobs_match_recomputed_batched_multiturn(tiny_policy: Polic
     assert float(diff) < 1e-4
     assert torch.isfinite(lp).all()
     (-(lp * batch.loss_mask).sum()).backward()  # pyright: ignore[reportUnknownMemberType]
+
+
+def test_entropy_matches_the_sampling_distribution(tiny_policy: Policy) -> None:
+    params = SamplingParams(temperature=0.7, max_new_tokens=6)
+    trajs = _rollout(tiny_policy, params, turns=1, seeds=[1, 2])
+    batch = tiny_policy.collate(trajs)
+    with torch.no_grad():
+        lp, ent = policy_logprobs_and_entropy(tiny_policy, batch, params)
+        logits = tiny_policy.model(**batch.model_inputs(), use_cache=False).logits[:, :-1] / 0.7
+    assert ent is not None and ent.shape == lp.shape
+    assert torch.equal(lp, policy_logprobs(tiny_policy, batch, params))
+    # Direct entropy of softmax over the ids the policy may emit, at one sampled position.
+    row, col = [int(i) for i in batch.loss_mask.nonzero()[0]]
+    allowed = torch.ones(logits.shape[-1], dtype=torch.bool)
+    allowed[tiny_policy.suppress_ids] = False
+    p = torch.softmax(logits[row, col - 1][allowed], dim=-1)
+    expected = float(-(p * p.log()).sum())
+    assert abs(float(ent[row, col]) - expected) < 1e-4
+    n_allowed = int(allowed.sum())
+    assert 0 < float(ent[batch.loss_mask.bool()].max()) <= float(torch.log(torch.tensor(n_allowed)))
 
 
 def test_greedy_batch_equals_single(tiny_policy: Policy) -> None:

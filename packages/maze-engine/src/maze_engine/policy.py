@@ -189,6 +189,21 @@ def sequence_logprobs(
     are 0. Pass the same ``temperature`` and ``suppress_ids`` as at sampling time (see
     :class:`Policy`) for log-probs that match the recorded ones.
     """
+    return sequence_logprobs_and_entropy(
+        model, batch, temperature=temperature, suppress_ids=suppress_ids, entropy=False
+    )[0]
+
+
+def sequence_logprobs_and_entropy(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    suppress_ids: Sequence[int] | None = None,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sequence_logprobs` plus the policy distribution's entropy at each position
+    (``[B, L]``, same alignment, no gradient), from the same forward pass."""
     out = cast(Any, model)(**batch.model_inputs(), use_cache=False)
     logits = cast(torch.Tensor, out.logits)[:, :-1]
     suppress = None if suppress_ids is None else torch.tensor(list(suppress_ids), dtype=torch.long)
@@ -199,16 +214,31 @@ def sequence_logprobs(
     # meaningless; zero both with ``where`` so no -inf x 0 turns the loss or its gradient NaN.
     valid = batch.attention_mask[:, 1:].to(lp.device).bool() & torch.isfinite(picked)
     picked = torch.where(valid, picked, torch.zeros_like(picked))
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    ent: torch.Tensor | None = None
+    if entropy:
+        with torch.no_grad():
+            # Suppressed ids have p = 0 and log p = -inf; they add nothing to the entropy.
+            plogp = torch.where(torch.isfinite(lp), lp.exp() * lp, torch.zeros_like(lp))
+            h = torch.where(valid, -plogp.sum(-1), torch.zeros_like(picked))
+            ent = torch.cat([torch.zeros_like(h[:, :1]), h], dim=1)
+    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1), ent
 
 
 def policy_logprobs(policy: Policy, batch: Batch, params: SamplingParams) -> torch.Tensor:
     """:func:`sequence_logprobs` with the policy's suppressed ids and the sampling temperature."""
-    return sequence_logprobs(
+    return policy_logprobs_and_entropy(policy, batch, params, entropy=False)[0]
+
+
+def policy_logprobs_and_entropy(
+    policy: Policy, batch: Batch, params: SamplingParams, *, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`policy_logprobs` plus per-token policy entropy (see :func:`sequence_logprobs_and_entropy`)."""
+    return sequence_logprobs_and_entropy(
         policy.model,
         batch,
         temperature=params.logprob_temperature,
         suppress_ids=policy.suppress_ids,
+        entropy=entropy,
     )
 
 

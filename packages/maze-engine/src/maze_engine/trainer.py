@@ -33,7 +33,7 @@ from maze_engine.config import LocalConfig
 from maze_engine.data import PromptLoader, read_rows
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink
-from maze_engine.policy import Policy, SamplingParams, policy_logprobs
+from maze_engine.policy import Policy, SamplingParams, policy_logprobs, policy_logprobs_and_entropy
 from maze_engine.rollout import Episode, derive_seed
 from maze_engine.workers import RolloutWorker, load_policy, lora_config_from_skyrl
 
@@ -409,8 +409,10 @@ class Trainer:
                     if self.algo.use_kl_loss:
                         with cast(Any, self.policy.model).disable_adapter():
                             ref = policy_logprobs(self.policy, batch, self.sampling)
-                new = policy_logprobs(self.policy, batch, self.sampling)
-                out = policy_loss(new, old, adv, batch.loss_mask, self.algo, ref_logprobs=ref)
+                new, entropy = policy_logprobs_and_entropy(self.policy, batch, self.sampling)
+                out = policy_loss(
+                    new, old, adv, batch.loss_mask, self.algo, ref_logprobs=ref, entropy=entropy
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()  # pyright: ignore[reportUnknownMemberType]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
