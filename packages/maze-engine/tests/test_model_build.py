@@ -14,6 +14,7 @@ from maze_engine.model import (
     build_tiny_vlm,
     count_parameters,
     load_vlm,
+    sinusoid_2d,
     train_tokenizer,
 )
 from maze_env.prompts import SYSTEM_PROMPT
@@ -47,6 +48,28 @@ def test_same_seed_same_weights_other_seed_differs(tmp_path: Path, tiny_vlm_dir:
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_vision_positions_start_as_a_2d_sinusoid(tmp_path: Path, tiny_vlm_dir: Path) -> None:
+    cfg = TinyVLMConfig()
+    model, _ = load_vlm(tiny_vlm_dir)
+    pos = model.model.visual.pos_embed.weight.detach()
+    expected = sinusoid_2d(cfg.vision_position_embeddings, cfg.vision_hidden)
+    assert torch.equal(pos, expected * cfg.vision_position_init_scale)
+    # Row r, column c: the first half of the channels depends on r only, the second on c only.
+    grid = expected.reshape(16, 16, -1)
+    half = cfg.vision_hidden // 2
+    assert torch.equal(grid[3, 0, :half], grid[3, 9, :half])
+    assert torch.equal(grid[0, 5, half:], grid[11, 5, half:])
+    assert not torch.equal(grid[3, 0, :half], grid[4, 0, :half])
+    # Amplitude 0 keeps transformers' own N(0, 0.02) init.
+    plain = build_tiny_vlm(
+        tmp_path / "plain", seed=0, config=TinyVLMConfig(vision_position_init_scale=0.0)
+    )
+    w = load_vlm(plain)[0].model.visual.pos_embed.weight.detach()
+    assert 0.01 < float(w.std()) < 0.03
+    with pytest.raises(ValueError, match="vision_position_init_scale"):
+        TinyVLMConfig(vision_position_init_scale=-1.0)
 
 
 def test_tokenizer_round_trips_prompts_and_keeps_special_tokens_whole() -> None:
