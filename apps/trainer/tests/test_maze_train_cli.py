@@ -1,3 +1,5 @@
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +67,8 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
         "generator.sampling_params.max_generate_length=8",
         "trainer.ckpt_interval=1",
         "trainer.eval_interval=0",
-        "trainer.eval_before_train=false",
+        "trainer.eval_before_train=true",
+        "local.slack=0",
         "local.sft_steps=2",
         "local.rollout_workers=0",
         "local.train_size=4",
@@ -73,6 +76,21 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "final adapter:" in proc.stdout
+    # The three stages of the main job, each figure the one its run recorded.
+    m = re.search(
+        r"tiny-64 solve rate: random init ([\d.]+)% -> warm start \(2 oracle steps\) "
+        r"([\d.]+)% -> GRPO ([\d.]+)% \(global step 1\)",
+        proc.stdout,
+    )
+    assert m, proc.stdout
+    report = json.loads((tmp_path / "base_model" / "sft_report.json").read_text())
+    assert float(m[1]) == pytest.approx(100 * report["random_init_solve_rate"], abs=0.005)
+    evals = [
+        json.loads(line)["eval/all/pass_at_1"]
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if "eval/all/pass_at_1" in line
+    ]
+    assert [float(m[2]), float(m[3])] == pytest.approx([100 * e for e in evals], abs=0.005)
     assert (tmp_path / "final_adapter" / "adapter_model.safetensors").exists()
     assert (
         tmp_path / "ckpt" / "global_step_1" / "policy" / "lora_adapter" / "adapter_config.json"

@@ -3,15 +3,19 @@ with an uninterrupted run of the same config and seed.
 
     uv run python packages/maze-engine/benchmarks/chaos_resume.py --kills 20
 
-Kill times are uniform over 10-50% of an uninterrupted run's duration, from each attempt's start,
-drawn from --seed; the run stops being killed once --kills is reached or it completes first (the
-count actually made is printed). Prints each kill, the restarts, and whether the adapters are equal.
+One attempt in five is killed during start-up (uniform over the first half of the start-up time
+measured on the uninterrupted run); the others once they have logged their first new step, plus
+0-1.5 of the mean step time, so kills land in rollout, update and checkpoint writes while the run
+still advances about a step per attempt, however slow start-up is on a loaded machine. Times are
+drawn from --seed. Killing stops once --kills is reached or the run completes first (the count
+actually made is printed). Prints each kill, the restarts, and whether the adapters are equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -54,6 +58,13 @@ def overrides(run: Path, base: Path, steps: int) -> list[str]:
     ]
 
 
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def digest(run: Path) -> str:
     return hashlib.sha256(
         (run / "final_adapter" / "adapter_model.safetensors").read_bytes()
@@ -63,7 +74,7 @@ def digest(run: Path) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=20)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", type=Path, default=Path("runs/chaos"))
     args = p.parse_args()
@@ -79,8 +90,13 @@ def main() -> None:
         check=True,
     )
     ref_seconds = time.perf_counter() - t0
+    lines = (args.dir / "reference" / "metrics.jsonl").read_text().splitlines()
+    step_times = [float(r["timing/step"]) for r in map(json.loads, lines) if "timing/step" in r]
+    step_s = sum(step_times) / len(step_times)
+    startup_s = max(0.0, ref_seconds - sum(step_times))
     print(
-        f"uninterrupted run: {ref_seconds:.1f} s, adapter sha256 {digest(args.dir / 'reference')[:16]}"
+        f"uninterrupted run: {ref_seconds:.1f} s (start-up {startup_s:.1f} s, mean step "
+        f"{step_s:.2f} s), adapter sha256 {digest(args.dir / 'reference')[:16]}"
     )
     rng = random.Random(args.seed)
     run = args.dir / "killed"
@@ -90,22 +106,28 @@ def main() -> None:
         restarts += 1
         proc = subprocess.Popen([sys.executable, "-c", RUNNER, *overrides(run, base, args.steps)])
         if kills < args.kills:
-            # Resumed attempts redo start-up and then only the remaining steps, so delays are a
-            # random 10-50% of a whole run: kills land in start-up, rollout, update and
-            # checkpoint writes, and a run with enough steps survives many of them.
-            delay = rng.uniform(0.1, 0.5) * ref_seconds
+            # Resumed attempts redo start-up, then only the remaining steps.
+            metrics = run / "metrics.jsonl"
+            if rng.random() < 0.2:
+                delay = rng.uniform(0.0, 0.5) * startup_s
+                when = f"in start-up after {delay:.1f} s"
+                deadline = time.perf_counter() + delay
+            else:
+                lines0 = _lines(metrics)
+                extra = rng.uniform(0.0, 1.5) * step_s
+                while proc.poll() is None and _lines(metrics) <= lines0:
+                    time.sleep(0.05)
+                when = f"{extra:.1f} s after its first new step"
+                deadline = time.perf_counter() + extra
             try:
-                proc.wait(timeout=delay)
+                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 kills += 1
                 latest = run / "ckpt" / "latest_ckpt_global_step.txt"
                 step = latest.read_text().strip() if latest.exists() else "-"
-                print(
-                    f"kill {kills:>2} after {delay:5.1f} s (latest checkpoint: step {step})",
-                    flush=True,
-                )
+                print(f"kill {kills:>2} {when} (latest checkpoint: step {step})", flush=True)
                 continue
         else:
             proc.wait()

@@ -119,12 +119,12 @@ def test_tiny_local_config_validates_and_keeps_local_section_out_of_skyrl() -> N
         "train_preset": "5x5",
         "eval_set": "tiny-64",
         "slack": 2,
-        "sft_steps": 400,
+        "sft_steps": 600,
         "note": "hello",
         "steps": 3,
     }
     assert not hasattr(cfg, LOCAL_KEY)
-    assert cfg.generator.n_samples_per_prompt == 4
+    assert cfg.generator.n_samples_per_prompt == 8
     assert cfg.trainer.policy.model.lora.rank == 8
     assert cfg.trainer.train_batch_size == 4
     assert cfg.environment.env_class == "maze"

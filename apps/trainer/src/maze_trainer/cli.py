@@ -60,11 +60,17 @@ def _local(config: str, overrides: Sequence[str], dry_run: bool) -> int:
     from maze_engine.trainer import train
 
     result = train(cfg, local)
-    before = "n/a" if result.eval_before is None else f"{result.eval_before:.2%}"
-    after = "n/a" if result.eval_after is None else f"{result.eval_after:.2%}"
-    print(
-        f"{local.eval_set} solve rate: before {before} -> after {after} (global step {result.global_step})"
-    )
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2%}"
+
+    stages = f"before GRPO {pct(result.eval_before)} -> after {pct(result.eval_after)}"
+    if result.random_init is not None:
+        stages = (
+            f"random init {pct(result.random_init)} -> warm start ({result.warm_start_steps} "
+            f"oracle steps) {pct(result.eval_before)} -> GRPO {pct(result.eval_after)}"
+        )
+    print(f"{local.eval_set} solve rate: {stages} (global step {result.global_step})")
     print(f"final adapter: {result.final_adapter}")
     print(f"checkpoints: {cfg.trainer.ckpt_path}  metrics: {result.run_dir / 'metrics.jsonl'}")
     return 0

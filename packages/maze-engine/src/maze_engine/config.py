@@ -32,7 +32,7 @@ class LocalConfig:
     """Turns beyond optimal moves + stop in each training maze's budget."""
     reward_spec: str = "task"
     """maze-verifier reward spec for training rows (``task``, ``visgym_sft``, ``efficiency``)."""
-    sft_steps: int = 400
+    sft_steps: int = 600
     """Warm-start steps on oracle demonstrations when the base model is built here."""
     sft_mazes: int = 512
     tiny_model: dict[str, Any] = field(default_factory=dict[str, Any])

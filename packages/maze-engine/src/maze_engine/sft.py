@@ -185,6 +185,8 @@ class SFTReport:
     evals: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
     seconds: float = 0.0
     steps_done: int = 0
+    random_init_solve_rate: float | None = None
+    """Greedy solve rate of the model before the warm start, when the caller measured it."""
 
 
 def sft_loss(policy: Policy, trajectories: Sequence[Trajectory]) -> torch.Tensor:

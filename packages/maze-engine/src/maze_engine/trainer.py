@@ -34,7 +34,7 @@ from maze_engine.data import PromptLoader, read_rows
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink
 from maze_engine.policy import Policy, SamplingParams, policy_logprobs, policy_logprobs_and_entropy
-from maze_engine.rollout import Episode, derive_seed
+from maze_engine.rollout import Episode, derive_seed, run_episodes
 from maze_engine.workers import RolloutWorker, load_policy, lora_config_from_skyrl
 
 log = logging.getLogger("maze_engine.trainer")
@@ -62,6 +62,10 @@ class TrainResult:
     eval_after: float | None
     final_adapter: Path
     history: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
+    random_init: float | None = None
+    """Solve rate of the randomly initialised model, when the base model was built here."""
+    warm_start_steps: int | None = None
+    """Oracle (SFT) steps of the warm start, when the base model was built here."""
 
 
 def _adapter_config(lora_cfg: Any, base: str) -> dict[str, Any]:
@@ -133,10 +137,22 @@ class Rollouts:
 
 
 def ensure_base_model(
-    path: str, local: LocalConfig, run_root: Path, seed: int, say: Callable[[str], None]
+    path: str,
+    local: LocalConfig,
+    run_root: Path,
+    seed: int,
+    say: Callable[[str], None],
+    *,
+    eval_rows: Sequence[Mapping[str, Any]] | None = None,
+    eval_max_new_tokens: int = 24,
 ) -> Path:
     """The model to train: a real checkpoint directory as is, or the tiny VLM built and
-    warm-started here (cached under ``run_root/base_model``)."""
+    warm-started here (cached under ``run_root/base_model``).
+
+    With ``eval_rows``, the randomly initialised model is scored on them (greedy, through the
+    env) before the warm start, and the solve rate is kept in ``sft_report.json`` as
+    ``random_init_solve_rate``: the main job's first figure.
+    """
     if path != TINY_MODEL:
         return Path(path)
     out = run_root / "base_model"
@@ -153,16 +169,46 @@ def ensure_base_model(
     build_tiny_vlm(staging / "random", seed=seed, config=TinyVLMConfig(**local.tiny_model))
     model, processor = load_vlm(staging / "random")
     policy = Policy(model, processor)
-    report = (
-        run_sft(
+    random_init: float | None = None
+    if eval_rows:
+        eps = run_episodes(
             policy,
-            SFTConfig(
-                spec=local.train_preset, steps=local.sft_steps, seed=seed, cell_px=local.cell_px
-            ),
+            eval_rows,
+            sampling=SamplingParams(greedy=True, max_new_tokens=eval_max_new_tokens),
+            seed=derive_seed(seed, "eval"),
         )
-        if local.sft_steps
-        else SFTReport(config={"steps": 0})
-    )
+        random_init = sum(e.solved for e in eps) / len(eps)
+        say(f"randomly initialised model: solve rate {random_init:.2%} on {len(eps)} eval mazes")
+    bar: Any = None
+    if local.progress and local.sft_steps:
+        from tqdm import tqdm
+
+        bar = tqdm(total=local.sft_steps, desc="warm start", unit="step", dynamic_ncols=True)
+
+    def on_log(row: dict[str, float]) -> None:
+        if bar is not None:
+            bar.update(int(row["step"]) - bar.n)
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+
+    try:
+        report = (
+            run_sft(
+                policy,
+                SFTConfig(
+                    spec=local.train_preset,
+                    steps=local.sft_steps,
+                    seed=seed,
+                    cell_px=local.cell_px,
+                ),
+                log=on_log,
+            )
+            if local.sft_steps
+            else SFTReport(config={"steps": 0})
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    report.random_init_solve_rate = random_init
     save_merged(policy, staging / "sft", report)
     shutil.rmtree(out, ignore_errors=True)
     (staging / "sft").rename(out)
@@ -215,8 +261,20 @@ class Trainer:
         self.eval_sampling = SamplingParams(greedy=True, max_new_tokens=int(sp.max_generate_length))
         torch.set_num_threads(local.torch_threads)
 
+        # Datasets first: the warm start of a model built here is scored on the eval rows.
+        train_files, val_files = _export_data(cfg, local, self.run_dir / "data")
+        self.train_rows = read_rows(train_files)
+        self.val_rows = read_rows(val_files)
         base_path = str(t.policy.model.path)
-        self.model_dir = ensure_base_model(base_path, local, self.run_dir, self.seed, say)
+        self.model_dir = ensure_base_model(
+            base_path,
+            local,
+            self.run_dir,
+            self.seed,
+            say,
+            eval_rows=self.val_rows if t.eval_before_train else None,
+            eval_max_new_tokens=int(sp.max_generate_length),
+        )
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "lora-init"))
@@ -235,9 +293,6 @@ class Trainer:
         )
         self.max_grad_norm = float(oc.max_grad_norm)
 
-        train_files, val_files = _export_data(cfg, local, self.run_dir / "data")
-        self.train_rows = read_rows(train_files)
-        self.val_rows = read_rows(val_files)
         self.loader = PromptLoader(len(self.train_rows), int(t.train_batch_size), self.seed)
         self.ckpts = CheckpointManager(Path(t.ckpt_path), int(t.max_ckpts_to_keep))
         self.sync_root = Path(t.policy.model.lora.lora_sync_path)
@@ -527,8 +582,19 @@ class Trainer:
             final.rename(retired)
         staging.rename(final)
         shutil.rmtree(retired, ignore_errors=True)
+        report_file = self.model_dir / "sft_report.json"
+        report: dict[str, Any] = (
+            json.loads(report_file.read_text()) if report_file.is_file() else {}
+        )
         return TrainResult(
-            self.run_dir, self.global_step, self.eval_before, eval_after, final, self.history
+            self.run_dir,
+            self.global_step,
+            self.eval_before,
+            eval_after,
+            final,
+            self.history,
+            random_init=report.get("random_init_solve_rate"),
+            warm_start_steps=report.get("steps_done") if report else None,
         )
 
     def close(self) -> None:
