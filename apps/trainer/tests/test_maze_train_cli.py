@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import subprocess
 import sys
@@ -97,3 +98,45 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     ).exists()
     assert (tmp_path / "ckpt" / "latest_ckpt_global_step.txt").read_text().strip() == "1"
     assert (tmp_path / "metrics.jsonl").read_text().count("reward/avg_raw_reward") == 1
+
+
+def test_ray_rollout_workers_from_a_relative_run_dir(tmp_path: Path) -> None:
+    """Two Ray actors on a local Ray instance generate the rollouts and load each published
+    adapter; paths in the config are relative to the caller's directory, as with the default
+    ``./runs/...``, and must still resolve inside the workers."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "maze_trainer.cli",
+            "trainer.export_path=./runs/ray-test",
+            "trainer.max_training_steps=2",
+            "trainer.train_batch_size=2",
+            "trainer.policy_mini_batch_size=2",
+            "generator.n_samples_per_prompt=2",
+            "generator.sampling_params.max_generate_length=8",
+            "trainer.ckpt_interval=2",
+            "trainer.eval_interval=0",
+            "trainer.eval_before_train=false",
+            "local.sft_steps=2",
+            "local.rollout_workers=2",
+            "local.train_size=4",
+            "local.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "ray-test"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/turns_per_second" in r]
+    # Version 1 is the initial adapter the workers start from; each step publishes the next one
+    # and the workers load it before the following step's rollouts.
+    assert [r["adapter/version"] for r in steps] == [2.0, 3.0]
+    assert all(r["rollout/avg_turns"] >= 1 for r in steps)
+    assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()

@@ -83,7 +83,10 @@ class Rollouts:
     def __init__(self, model_dir: Path, lora_cfg: Any, local: LocalConfig, sync_root: Path) -> None:
         self.shards = max(1, local.rollout_workers)
         self.ray = local.rollout_workers > 0
-        args = (str(model_dir), lora_cfg, local.torch_threads, str(sync_root))
+        # Absolute paths: Ray workers may run in another directory (under `uv run`, Ray ships
+        # the project as a working_dir package and starts workers inside it).
+        model = str(model_dir.resolve()) if model_dir.exists() else str(model_dir)
+        args = (model, lora_cfg, local.torch_threads, str(sync_root.resolve()))
         if self.ray:
             import ray
 
