@@ -92,7 +92,13 @@ class Rollouts:
 
             if not ray.is_initialized():
                 # RAY_ADDRESS (an existing cluster) is honoured by ray.init itself.
-                ray.init(num_cpus=None, include_dashboard=False, log_to_driver=False)
+                # WARNING: under `uv run` Ray logs one INFO line per ignored file it packages.
+                ray.init(
+                    num_cpus=None,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
             actor = ray.remote(num_cpus=1)(RolloutWorker)
             self.workers: list[Any] = [actor.remote(*args) for _ in range(self.shards)]
         else:
