@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -52,8 +52,8 @@ def test_same_seed_same_weights_other_seed_differs(tmp_path: Path, tiny_vlm_dir:
 
 def test_vision_positions_start_as_a_2d_sinusoid(tmp_path: Path, tiny_vlm_dir: Path) -> None:
     cfg = TinyVLMConfig()
-    model, _ = load_vlm(tiny_vlm_dir)
-    pos = model.model.visual.pos_embed.weight.detach()
+    model: Any = load_vlm(tiny_vlm_dir)[0]
+    pos = cast(torch.Tensor, model.model.visual.pos_embed.weight).detach()
     expected = sinusoid_2d(cfg.vision_position_embeddings, cfg.vision_hidden)
     assert torch.equal(pos, expected * cfg.vision_position_init_scale)
     # Row r, column c: the first half of the channels depends on r only, the second on c only.
@@ -66,7 +66,8 @@ def test_vision_positions_start_as_a_2d_sinusoid(tmp_path: Path, tiny_vlm_dir: P
     plain = build_tiny_vlm(
         tmp_path / "plain", seed=0, config=TinyVLMConfig(vision_position_init_scale=0.0)
     )
-    w = load_vlm(plain)[0].model.visual.pos_embed.weight.detach()
+    plain_model: Any = load_vlm(plain)[0]
+    w = cast(torch.Tensor, plain_model.model.visual.pos_embed.weight).detach()
     assert 0.01 < float(w.std()) < 0.03
     with pytest.raises(ValueError, match="vision_position_init_scale"):
         TinyVLMConfig(vision_position_init_scale=-1.0)
