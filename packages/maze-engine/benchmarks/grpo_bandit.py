@@ -5,9 +5,9 @@
 
 Each step samples 8 first replies for each of 4 maze prompts with the engine's own sampling,
 rewards a reply 1 when its action is ``--target`` (0 otherwise), and applies one update with the
-trainer's pieces: SkyRL's GRPO advantages, loss reduction and policy loss, LoRA from the shipped
-config, AdamW at ``--lr``. It prints the action counts and the rewarded fraction per step. The
-reward needs no perception, so this isolates the update path from what the maze task asks of
+trainer's own ``grpo_update`` (SkyRL's loss reduction and policy loss, clipping, step) on
+SkyRL's GRPO advantages, LoRA from the shipped config, AdamW at ``--lr``. It prints the action
+counts and the rewarded fraction per step. The reward needs no perception, so this isolates the update path from what the maze task asks of
 the model's vision.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from maze_engine.grpo import compute_advantages, policy_loss
+from maze_engine.grpo import compute_advantages
 from maze_engine.policy import SamplingParams, policy_logprobs
 from maze_engine.rollout import derive_seed
 from maze_engine.skyrl_cluster import load_config
+from maze_engine.trainer import grpo_update
 from maze_engine.workers import load_policy, lora_config_from_skyrl
 from maze_env import generate
 from maze_env.actions import Action, parse_action
@@ -53,6 +54,7 @@ def main() -> None:
     policy = load_policy(args.model, lora_config_from_skyrl(cfg.trainer.policy.model.lora), 1)
     params = [q for q in policy.model.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    max_grad_norm = float(cfg.trainer.policy.optimizer_config.max_grad_norm)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
     prompts: list[list[Message]] = []
     for seed in range(4):
@@ -72,14 +74,16 @@ def main() -> None:
         policy.model.train()
         with torch.no_grad():
             old = policy_logprobs(policy, batch, sampling)
-        new = policy_logprobs(policy, batch, sampling)
-        out = policy_loss(new, old, adv, batch.loss_mask, algo)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()  # pyright: ignore[reportUnknownMemberType]
-        torch.nn.utils.clip_grad_norm_(
-            params, float(cfg.trainer.policy.optimizer_config.max_grad_norm)
+        grpo_update(
+            policy,
+            opt,
+            batch,
+            advantages=adv,
+            old_logprobs=old,
+            algo=algo,
+            sampling=sampling,
+            max_grad_norm=max_grad_norm,
         )
-        opt.step()  # pyright: ignore[reportUnknownMemberType]
         policy.model.eval()
         counts = dict(collections.Counter(words).most_common())
         print(f"step {step:>2}: {args.target!r} in {rewards.mean():.0%} of 32 replies  {counts}")

@@ -28,6 +28,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from maze_engine.chat import Batch
 from maze_engine.checkpoint import Checkpoint, CheckpointManager, rank_file
 from maze_engine.config import LocalConfig
 from maze_engine.data import PromptLoader, read_rows
@@ -252,6 +253,38 @@ def _export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str
     ]
 
 
+def grpo_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    *,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    algo: Any,
+    sampling: SamplingParams,
+    max_grad_norm: float,
+    ref_logprobs: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """One optimizer step on one mini-batch: SkyRL's policy loss (+ KL) on the policy's
+    log-probs, gradient clipping, step. Returns the loss metrics plus ``policy/grad_norm``."""
+    new, entropy = policy_logprobs_and_entropy(policy, batch, sampling)
+    out = policy_loss(
+        new,
+        old_logprobs,
+        advantages,
+        batch.loss_mask,
+        algo,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()  # pyright: ignore[reportUnknownMemberType]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()  # pyright: ignore[reportUnknownMemberType]
+    return {**out.metrics, "policy/grad_norm": float(grad_norm)}
+
+
 class Trainer:
     def __init__(self, cfg: Any, local: LocalConfig, *, say: Callable[[str], None] = print) -> None:
         self.cfg, self.local, self.say = cfg, local, say
@@ -461,31 +494,40 @@ class Trainer:
         torch.manual_seed(
             derive_seed(self.seed, "update", self.global_step)
         )  # LoRA dropout, if any
+        # Old (and reference) log-probs of every mini-batch come from the policy as it was before
+        # this step's first update, as in SkyRL; recomputing them per epoch or after an earlier
+        # mini-batch's update would pin the PPO ratio at 1.
+        minibatches: list[tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        for lo in range(0, len(episodes), mb_size):
+            batch = self.policy.collate([e.trajectory for e in episodes[lo : lo + mb_size]])
+            adv = advantages[lo : lo + mb_size, : batch.input_ids.shape[1]]
+            with torch.no_grad():
+                old = policy_logprobs(self.policy, batch, self.sampling)
+                ref = None
+                if self.algo.use_kl_loss:
+                    with cast(Any, self.policy.model).disable_adapter():
+                        ref = policy_logprobs(self.policy, batch, self.sampling)
+            diff = (batch.old_logprobs - old).abs() * batch.loss_mask
+            metrics["policy/rollout_train_logprob_abs_diff_max"] = max(
+                metrics.get("policy/rollout_train_logprob_abs_diff_max", 0.0), float(diff.max())
+            )
+            minibatches.append((batch, adv, old, ref))
         for _epoch in range(int(self.cfg.trainer.update_epochs_per_batch)):
-            for lo in range(0, len(episodes), mb_size):
-                mb = episodes[lo : lo + mb_size]
-                batch = self.policy.collate([e.trajectory for e in mb])
-                width = batch.input_ids.shape[1]
-                adv = advantages[lo : lo + mb_size, :width]
-                with torch.no_grad():
-                    old = policy_logprobs(self.policy, batch, self.sampling)
-                    ref = None
-                    if self.algo.use_kl_loss:
-                        with cast(Any, self.policy.model).disable_adapter():
-                            ref = policy_logprobs(self.policy, batch, self.sampling)
-                new, entropy = policy_logprobs_and_entropy(self.policy, batch, self.sampling)
-                out = policy_loss(
-                    new, old, adv, batch.loss_mask, self.algo, ref_logprobs=ref, entropy=entropy
+            for batch, adv, old, ref in minibatches:
+                metrics.update(
+                    grpo_update(
+                        self.policy,
+                        self.optimizer,
+                        batch,
+                        advantages=adv,
+                        old_logprobs=old,
+                        algo=self.algo,
+                        sampling=self.sampling,
+                        max_grad_norm=self.max_grad_norm,
+                        ref_logprobs=ref,
+                    )
                 )
-                self.optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()  # pyright: ignore[reportUnknownMemberType]
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-                self.optimizer.step()  # pyright: ignore[reportUnknownMemberType]
                 self.scheduler.step()
-                metrics.update(out.metrics)
-                metrics["policy/grad_norm"] = float(grad_norm)
-                diff = (batch.old_logprobs - old).abs() * batch.loss_mask
-                metrics["policy/rollout_train_logprob_abs_diff_max"] = float(diff.max())
         self.policy.model.eval()
         t_train = time.perf_counter() - t0
 
