@@ -31,6 +31,9 @@ def test_dry_run_prints_the_resolved_config() -> None:
         ("local.bogus=1", "local.bogus"),
         ("local.eval_set=nope", "local.eval_set"),
         ("trainer.resume_mode=sometimes", "resume_mode"),
+        # tiny-64's mazes need 4 moves + stop: fewer turns would leave them unsolvable.
+        ("generator.max_turns=4", "generator.max_turns: 4 turns cannot finish"),
+        ("local.sft_mazes=512", "local.sft_mazes"),
     ],
 )
 def test_config_errors_name_the_key(override: str, needle: str) -> None:

@@ -1,8 +1,9 @@
 """``maze-train [--engine local|skyrl] [--config NAME|PATH] [key=value ...]``.
 
 With no arguments: the local engine on the shipped ``tiny_local`` config, i.e. a tiny Qwen3-VL
-built from a config, warm-started on oracle demonstrations, then GRPO + LoRA on 7x7 mazes on
-this machine's CPUs, reporting the ``small-64`` solve rate before and after.
+built from a config, warm-started on oracle demonstrations, then GRPO + LoRA on 5x5 mazes on
+this machine's CPUs, reporting the ``tiny-64`` solve rate at random init, after the warm start and
+after GRPO.
 
 ``--engine skyrl`` runs SkyRL's own trainer on a GPU Ray cluster with the shipped reference
 config (Qwen3-VL-8B, LoRA r32, GRPO, easy-64); it needs the GPU container image. ``--submit
@@ -43,11 +44,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _local(config: str, overrides: Sequence[str], dry_run: bool) -> int:
     from maze_engine.config import LocalConfig, LocalConfigError
-    from maze_engine.skyrl_cluster import SkyRLConfigError, load_config
+    from maze_engine.skyrl_cluster import SkyRLConfigError, eval_slack, load_config
 
     try:
         cfg, local_dict = load_config(config, overrides)
         local = LocalConfig.from_dict(local_dict)
+        eval_slack(int(cfg.generator.max_turns), local.eval_set)  # every eval maze finishable
     except (SkyRLConfigError, LocalConfigError) as exc:
         print(f"maze-train: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

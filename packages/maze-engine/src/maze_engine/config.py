@@ -34,7 +34,6 @@ class LocalConfig:
     """maze-verifier reward spec for training rows (``task``, ``visgym_sft``, ``efficiency``)."""
     sft_steps: int = 600
     """Warm-start steps on oracle demonstrations when the base model is built here."""
-    sft_mazes: int = 512
     tiny_model: dict[str, Any] = field(default_factory=dict[str, Any])
     """Overrides of ``maze_engine.model.TinyVLMConfig`` for the built model."""
     prometheus_port: int | None = None
@@ -67,7 +66,6 @@ class LocalConfig:
             ("cell_px", 4),
             ("slack", 0),
             ("sft_steps", 0),
-            ("sft_mazes", 1),
         ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:

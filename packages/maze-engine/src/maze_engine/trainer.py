@@ -120,6 +120,8 @@ class Rollouts:
         groups: Sequence[int],
         sampling: SamplingParams,
         seed: int,
+        *,
+        max_turns: int | None = None,
     ) -> list[Episode]:
         # Whole groups stay on one shard; the shard split depends only on the config.
         n = len(rows)
@@ -134,9 +136,11 @@ class Rollouts:
         if self.ray:
             import ray
 
-            futures = [self.workers[k].rollout.remote(*c) for k, c in enumerate(calls)]
+            futures = [
+                self.workers[k].rollout.remote(*c, max_turns=max_turns) for k, c in enumerate(calls)
+            ]
             return [ep for chunk in ray.get(futures) for ep in chunk]
-        return [ep for c in calls for ep in self.workers[0].rollout(*c)]
+        return [ep for c in calls for ep in self.workers[0].rollout(*c, max_turns=max_turns)]
 
     def close(self) -> None:
         if self.ray:
@@ -155,6 +159,7 @@ def ensure_base_model(
     *,
     eval_rows: Sequence[Mapping[str, Any]] | None = None,
     eval_max_new_tokens: int = 24,
+    eval_max_turns: int | None = None,
 ) -> Path:
     """The model to train: a real checkpoint directory as is, or the tiny VLM built and
     warm-started here (cached under ``run_root/base_model``).
@@ -186,6 +191,7 @@ def ensure_base_model(
             eval_rows,
             sampling=SamplingParams(greedy=True, max_new_tokens=eval_max_new_tokens),
             seed=derive_seed(seed, "eval"),
+            max_turns=eval_max_turns,
         )
         random_init = sum(e.solved for e in eps) / len(eps)
         say(f"randomly initialised model: solve rate {random_init:.2%} on {len(eps)} eval mazes")
@@ -301,6 +307,12 @@ class Trainer:
             max_new_tokens=int(sp.max_generate_length),
         )
         self.eval_sampling = SamplingParams(greedy=True, max_new_tokens=int(sp.max_generate_length))
+        # SkyRL's generator ends an episode after generator.max_turns turns; so does this engine,
+        # on top of each maze's own budget (local.slack). Too few turns for the eval set is an error.
+        from maze_engine.skyrl_cluster import eval_slack
+
+        self.max_turns = int(cfg.generator.max_turns)
+        eval_slack(self.max_turns, local.eval_set)  # raises SkyRLConfigError naming the key
         torch.set_num_threads(local.torch_threads)
 
         # Datasets first: the warm start of a model built here is scored on the eval rows.
@@ -316,6 +328,7 @@ class Trainer:
             say,
             eval_rows=self.val_rows if t.eval_before_train else None,
             eval_max_new_tokens=int(sp.max_generate_length),
+            eval_max_turns=self.max_turns,
         )
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
         with torch.random.fork_rng(devices=[]):
@@ -461,6 +474,7 @@ class Trainer:
             list(range(len(rows))),
             self.eval_sampling,
             derive_seed(self.seed, "eval"),
+            max_turns=self.max_turns,
         )
         solved = [float(e.solved) for e in eps]
         return {
@@ -477,7 +491,12 @@ class Trainer:
         groups = [g for g in range(len(batch_idx)) for _ in range(self.n)]
         t0 = time.perf_counter()
         episodes = self.rollouts.run(
-            rows, indices, groups, self.sampling, derive_seed(self.seed, "step", self.global_step)
+            rows,
+            indices,
+            groups,
+            self.sampling,
+            derive_seed(self.seed, "step", self.global_step),
+            max_turns=self.max_turns,
         )
         t_generate = time.perf_counter() - t0
         _fault("rollout", self.global_step + 1)

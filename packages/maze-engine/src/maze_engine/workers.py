@@ -76,7 +76,15 @@ class RolloutWorker:
         groups: Sequence[int],
         sampling: SamplingParams,
         seed: int,
+        *,
+        max_turns: int | None = None,
     ) -> list[Episode]:
         return run_episodes(
-            self.policy, rows, sampling=sampling, seed=seed, row_indices=row_indices, groups=groups
+            self.policy,
+            rows,
+            sampling=sampling,
+            seed=seed,
+            row_indices=row_indices,
+            groups=groups,
+            max_turns=max_turns,
         )
