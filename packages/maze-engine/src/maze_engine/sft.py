@@ -94,57 +94,41 @@ def evaluate_policy(
     batch_size: int = 16,
     params: SamplingParams | None = None,
     seed: int = 0,
+    slack: int | None = None,
 ) -> EvalResult:
-    """Play whole episodes through :class:`maze_env.MazeGame`, batching the games in lockstep.
+    """Play whole episodes on ``spec`` mazes ``seeds`` through the skyrl-gym env, as the trainer's
+    rollouts and maze-eval do (:func:`maze_engine.rollout.run_episodes`), ``batch_size`` games in
+    lockstep at a time.
 
-    Greedy by default. Step budgets are the maze's default (optimal + 1 + 4 slack).
+    Greedy by default. Step budgets are optimal + 1 + ``slack`` (maze-env's default slack).
     """
-    from maze_env import MazeGame, generate
-    from maze_env.actions import parse_action
-    from maze_env.prompts import feedback_message, initial_messages
-    from maze_env.render import Renderer
+    from maze_engine.rollout import derive_seed, run_episodes
+    from maze_env import DEFAULT_SLACK, MazeSpec
+    from maze_env.export import build_rows
 
     params = params or SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
+    rows = build_rows(
+        MazeSpec.parse(spec),
+        seeds,
+        split="validation",
+        slack=DEFAULT_SLACK if slack is None else slack,
+        style=_style(cell_px),
+    )
     t0 = time.perf_counter()
-    solved = turns = valid = replies = 0
-    tok = policy.processor.tokenizer
-    for lo in range(0, len(seeds), batch_size):
-        games: list[Any] = []
-        renderers: list[Any] = []
-        trajs: list[Trajectory] = []
-        for s in seeds[lo : lo + batch_size]:
-            maze = generate(spec, s)
-            r = Renderer(maze, _style(cell_px))
-            g = MazeGame.start(maze)
-            games.append(g)
-            renderers.append(r)
-            trajs.append(policy.encoder.start(initial_messages(maze, g.step_budget, renderer=r)))
-        step = 0
-        while True:
-            active = [i for i, g in enumerate(games) if not g.done]
-            if not active:
-                break
-            gens = policy.generate([trajs[i] for i in active], params, seed=seed + 1000 * lo + step)
-            step += 1
-            for i, gen in zip(active, gens, strict=True):
-                text = cast(str, tok.decode(gen.token_ids, skip_special_tokens=True))
-                replies += 1
-                valid += not hasattr(parse_action(text), "code")
-                result = games[i].step(text)
-                if not games[i].done:
-                    policy.encoder.add_assistant(trajs[i], gen.token_ids, gen.logprobs)
-                    policy.encoder.add_user(
-                        trajs[i],
-                        feedback_message(result, games[i].agent, games[i].steps_left, renderers[i]),
-                    )
-        solved += sum(g.solved for g in games)
-        turns += sum(g.steps_used for g in games)
-    n = len(seeds)
+    solved = turns = invalid = 0
+    for lo in range(0, len(rows), batch_size):
+        for ep in run_episodes(
+            policy, rows[lo : lo + batch_size], sampling=params, seed=derive_seed(seed, lo)
+        ):
+            solved += ep.solved
+            turns += ep.turns
+            invalid += int(ep.metadata.get("invalid", 0))
+    n = len(rows)
     return EvalResult(
         episodes=n,
         solved=solved,
         mean_turns=turns / n if n else 0.0,
-        valid_action_rate=valid / replies if replies else 0.0,
+        valid_action_rate=1.0 - invalid / turns if turns else 0.0,
         seconds=time.perf_counter() - t0,
     )
 
