@@ -41,14 +41,14 @@ def layout(maze: Maze) -> str:
 
 
 def first_moves(
-    policy: Policy, rows: list[dict[str, Any]], samples: int
+    policy: Policy, rows: list[dict[str, Any]], samples: int, tokens: int
 ) -> list[collections.Counter[str]]:
     """First-turn action words of ``samples`` sampled replies (T = 1) per row."""
     reps = [r for r in rows for _ in range(samples)]
     eps = run_episodes(
         policy,
         reps,
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=tokens),
         seed=7,
         max_turns=1,
     )
@@ -62,10 +62,9 @@ def first_moves(
     return out
 
 
-def greedy_solved(policy: Policy, rows: list[dict[str, Any]]) -> list[bool]:
-    eps = run_episodes(
-        policy, rows, sampling=SamplingParams(greedy=True, max_new_tokens=24), seed=0
-    )
+def greedy_solved(policy: Policy, rows: list[dict[str, Any]], tokens: int) -> list[bool]:
+    sampling = SamplingParams(greedy=True, max_new_tokens=tokens)
+    eps = run_episodes(policy, rows, sampling=sampling, seed=0)
     return [e.solved for e in eps]
 
 
@@ -101,9 +100,10 @@ def main() -> None:
     one_row = [val[val_layouts.index(n)] for n in names]  # one eval row per layout
     weight = collections.Counter(val_layouts)
 
+    tokens = int(load_config("tiny_local", [])[0].generator.sampling_params.max_generate_length)
     before = load(base, None)
-    solved_before = greedy_solved(before, val)
-    moves_before = first_moves(before, one_row, args.samples)
+    solved_before = greedy_solved(before, val, tokens)
+    moves_before = first_moves(before, one_row, args.samples, tokens)
     failed = collections.Counter(
         n for n, s in zip(val_layouts, solved_before, strict=True) if not s
     )
@@ -138,8 +138,8 @@ def main() -> None:
     print(f"sampled solve rate on the trained layout, per step: {steps}")
 
     after = load(base, result.final_adapter)
-    solved_after = greedy_solved(after, val)
-    moves_after = first_moves(after, one_row, args.samples)
+    solved_after = greedy_solved(after, val, tokens)
+    moves_after = first_moves(after, one_row, args.samples, tokens)
     print(f"\nfirst move, {args.samples} samples per layout (T = 1): before -> after GRPO")
     for n, row, mb, ma in zip(names, one_row, moves_before, moves_after, strict=True):
         best = generate(row["preset"], int(row["seed"])).optimal_actions[0].word
