@@ -42,6 +42,18 @@ def test_config_errors_name_the_key(override: str, needle: str) -> None:
     assert needle in proc.stderr and "maze-train: config error" in proc.stderr
 
 
+def test_changed_settings_for_an_existing_run_directory_are_a_config_error(tmp_path: Path) -> None:
+    from maze_engine.config import LocalConfig
+    from maze_engine.skyrl_cluster import load_config
+    from maze_engine.trainer import export_data
+
+    cfg, local = load_config("tiny_local", [f"trainer.export_path={tmp_path}"])
+    export_data(cfg, LocalConfig.from_dict(local), tmp_path / "data")
+    proc = run(f"trainer.export_path={tmp_path}", "local.train_preset=7x7")
+    assert proc.returncode == 2, proc.stderr
+    assert "maze-train: config error: local.train_preset is '7x7'" in proc.stderr
+
+
 def test_not_an_override() -> None:
     proc = run("stray")
     assert proc.returncode == 2 and "key=value" in proc.stderr

@@ -61,7 +61,11 @@ def _local(config: str, overrides: Sequence[str], dry_run: bool) -> int:
         return 0
     from maze_engine.trainer import train
 
-    result = train(cfg, local)
+    try:
+        result = train(cfg, local)
+    except (SkyRLConfigError, LocalConfigError) as exc:  # found once the run directory is read
+        print(f"maze-train: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
 
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.2%}"

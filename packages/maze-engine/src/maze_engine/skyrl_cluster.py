@@ -636,7 +636,7 @@ def prepare_datasets(
         not overwrite
         and train.is_file()
         and validation.is_file()
-        and _read_manifest(manifest) == settings
+        and read_json(manifest) == settings
     )
     if not reused:
         try:
@@ -647,7 +647,7 @@ def prepare_datasets(
             raise SkyRLConfigError(str(e), key="train_preset") from e
         _tag_rows(train, train_reward_spec, slack)
         _tag_rows(validation, "task", slack)
-        _write_json(manifest, settings)
+        write_json(manifest, settings)
 
     cfg.data.train_data = [str(train)]
     cfg.data.val_data = [str(validation)]
@@ -661,14 +661,16 @@ def prepare_datasets(
     )
 
 
-def _read_manifest(path: Path) -> object:
+def read_json(path: Path) -> object:
+    """A JSON file's content, or None when it is missing or unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def _write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object) -> None:
+    """Write ``data`` as JSON atomically (temp file in the same directory, then rename)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

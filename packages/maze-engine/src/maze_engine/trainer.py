@@ -232,11 +232,44 @@ def ensure_base_model(
     return out
 
 
-def _export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str], list[str]]:
-    """Use ``data.train_data``/``val_data`` when they exist; otherwise export them there."""
+def export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str], list[str]]:
+    """The local engine's datasets: ``data.train_data``/``val_data`` as they are when they exist,
+    otherwise exported there from the ``local:`` settings.
+
+    Files this function exported carry a manifest of those settings beside them (as
+    :func:`maze_engine.skyrl_cluster.prepare_datasets` writes on the cluster). When the settings
+    no longer match, e.g. ``local.train_preset`` changed for an existing run directory, that is
+    an error naming the key: training would otherwise go on, silently, on the old mazes, and
+    re-exporting would break the resumed run's dataloader position.
+    """
+    from maze_engine.config import LocalConfigError
+    from maze_engine.skyrl_cluster import DATA_MANIFEST, read_json, write_json
+    from maze_env import __version__ as maze_env_version
+
     train, val = [str(p) for p in cfg.data.train_data], [str(p) for p in cfg.data.val_data]
+    settings: dict[str, object] = {
+        "format": 1,
+        "maze_env": maze_env_version,
+        "train_size": local.train_size,
+        "train_preset": local.train_preset,
+        "eval_set": local.eval_set,
+        "slack": local.slack,
+        "cell_px": local.cell_px,
+        "reward_spec": local.reward_spec,
+    }
+    manifest = data_dir / DATA_MANIFEST
     if all(Path(p).is_file() for p in train + val):
-        return train, val
+        recorded = read_json(manifest)
+        if not isinstance(recorded, dict) or recorded == settings:
+            return train, val  # the user's own files (no manifest), or ours, unchanged
+        old = cast(dict[str, object], recorded)
+        key = next(k for k in settings if old.get(k) != settings[k])
+        name = f"local.{key}" if hasattr(local, key) else key
+        raise LocalConfigError(
+            f"{name} is {settings[key]!r} but the datasets in {data_dir} were exported with "
+            f"{old.get(key)!r}; start a new run (MAZERL_RUN=... or trainer.export_path=...) or "
+            f"remove {data_dir}"
+        )
     from maze_env import MazeSpec, get_eval_set
     from maze_env.export import build_rows, train_seeds, write_rows
     from maze_env.render import Style
@@ -254,9 +287,12 @@ def _export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str
         row["reward_spec"] = {**row["reward_spec"], "spec": local.reward_spec}
     val_rows = build_rows(es.spec, es.seeds, split="validation", slack=local.slack, style=style)
     data_dir.mkdir(parents=True, exist_ok=True)
-    return [str(write_rows(rows, data_dir / "train.parquet"))], [
-        str(write_rows(val_rows, data_dir / "validation.parquet"))
-    ]
+    out = (
+        [str(write_rows(rows, data_dir / "train.parquet"))],
+        [str(write_rows(val_rows, data_dir / "validation.parquet"))],
+    )
+    write_json(manifest, settings)
+    return out
 
 
 def grpo_update(
@@ -316,7 +352,7 @@ class Trainer:
         torch.set_num_threads(local.torch_threads)
 
         # Datasets first: the warm start of a model built here is scored on the eval rows.
-        train_files, val_files = _export_data(cfg, local, self.run_dir / "data")
+        train_files, val_files = export_data(cfg, local, self.run_dir / "data")
         self.train_rows = read_rows(train_files)
         self.val_rows = read_rows(val_files)
         base_path = str(t.policy.model.path)
