@@ -35,6 +35,12 @@ def test_export_then_reuse_then_refuse_changed_settings(tmp_path: Path) -> None:
         export_data(cfg7, local7, data)
     assert Path(train[0]).stat().st_mtime_ns == stamp  # nothing overwritten
 
+    # A manifest from another version (an extra key) is refused too, not taken for a match.
+    manifest = data / DATA_MANIFEST
+    manifest.write_text(manifest.read_text()[:-2] + ', "extra": 1}')
+    with pytest.raises(LocalConfigError, match="the data settings differ"):
+        export_data(cfg, local, data)
+
     # Files without our manifest are the user's own: used whatever the local settings say.
     (data / DATA_MANIFEST).unlink()
     assert export_data(cfg7, local7, data) == (train, val)

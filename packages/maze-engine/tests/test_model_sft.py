@@ -53,7 +53,7 @@ def test_short_sft_lowers_loss_and_raises_action_accuracy(
     assert torch.allclose(a, b, atol=1e-5)
     assert (tmp_path / "sft" / "sft_report.json").is_file()
 
-    # End to end through MazeGame: the SFT'd model now answers with parseable actions.
+    # End to end through the skyrl-gym env: the SFT'd model now answers with parseable actions.
     res = evaluate_policy(again, "5x5", [0, 1], max_new_tokens=32)
     assert res.episodes == 2 and res.valid_action_rate > res0.valid_action_rate
 

@@ -263,12 +263,15 @@ def export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str]
         if not isinstance(recorded, dict) or recorded == settings:
             return train, val  # the user's own files (no manifest), or ours, unchanged
         old = cast(dict[str, object], recorded)
-        key = next(k for k in settings if old.get(k) != settings[k])
-        name = f"local.{key}" if hasattr(local, key) else key
+        key = next((k for k in settings if old.get(k) != settings[k]), None)
+        if key is None:  # a manifest with keys this version does not write
+            what, was = "the data settings differ and", repr(old)
+        else:
+            what = f"{f'local.{key}' if hasattr(local, key) else key} is {settings[key]!r} but"
+            was = repr(old.get(key))
         raise LocalConfigError(
-            f"{name} is {settings[key]!r} but the datasets in {data_dir} were exported with "
-            f"{old.get(key)!r}; start a new run (MAZERL_RUN=... or trainer.export_path=...) or "
-            f"remove {data_dir}"
+            f"{what} the datasets in {data_dir} were exported with {was}; start a new run "
+            f"(MAZERL_RUN=... or trainer.export_path=...) or remove {data_dir}"
         )
     from maze_env import MazeSpec, get_eval_set
     from maze_env.export import build_rows, train_seeds, write_rows
