@@ -7,8 +7,8 @@ Each step samples 8 first replies for each of 4 maze prompts with the engine's o
 rewards a reply 1 when its action is ``--target`` (0 otherwise), and applies one update with the
 trainer's own ``grpo_update`` (SkyRL's loss reduction and policy loss, clipping, step) on
 SkyRL's GRPO advantages, LoRA from the shipped config, AdamW at ``--lr``. It prints the action
-counts and the rewarded fraction per step. The reward needs no perception, so this isolates the update path from what the maze task asks of
-the model's vision.
+counts and the rewarded fraction per step. The reward needs no perception, so this isolates the
+update path from what the maze task asks of the model's vision.
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ from maze_env.render import Renderer, token_aligned_style
 
 def action_word(text: str) -> str:
     parsed = parse_action(text)
-    if not isinstance(parsed, Action):
-        return "invalid"
-    return parsed.kind if parsed.direction is None else parsed.direction.name.lower()
+    return parsed.word if isinstance(parsed, Action) else "invalid"
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,10 @@ from maze_engine.rollout import run_episodes
 from maze_engine.skyrl_cluster import load_config
 from maze_engine.trainer import train
 from maze_env import Maze, generate
+from maze_env.actions import Action, parse_action
 from maze_env.export import write_rows
 
 PASSAGES = ((1, 2), (2, 1), (2, 3), (3, 2))
-ACTION = re.compile(r"<action>\s*(\w+)")
 
 
 def layout(maze: Maze) -> str:
@@ -43,7 +42,8 @@ def layout(maze: Maze) -> str:
 def first_moves(
     policy: Policy, rows: list[dict[str, Any]], samples: int, tokens: int
 ) -> list[collections.Counter[str]]:
-    """First-turn action words of ``samples`` sampled replies (T = 1) per row."""
+    """First-turn actions of ``samples`` sampled replies (T = 1) per row; ``invalid`` when the
+    env could not parse one."""
     reps = [r for r in rows for _ in range(samples)]
     eps = run_episodes(
         policy,
@@ -56,8 +56,8 @@ def first_moves(
     for i in range(len(rows)):
         c: collections.Counter[str] = collections.Counter()
         for e in eps[i * samples : (i + 1) * samples]:
-            m = ACTION.search(e.replies[0])
-            c[m.group(1) if m else "invalid"] += 1
+            parsed = parse_action(e.replies[0])  # as the env reads the reply
+            c[parsed.word if isinstance(parsed, Action) else "invalid"] += 1
         out.append(c)
     return out
 

@@ -130,3 +130,13 @@ def test_parse_time_is_linear_in_input(unit: str) -> None:
 
     small, large = cost(20_000), cost(200_000)
     assert large < max(small, 1e-4) * 30
+
+
+def test_action_word_names_the_action_and_round_trips_through_its_tag() -> None:
+    actions = [Action.move(d) for d in Direction] + [Action.stop()]
+    assert [a.word for a in actions] == ["right", "up", "left", "down", "stop"]
+    for a in actions:
+        parsed = parse_action(a.to_tag())
+        assert isinstance(parsed, Action) and parsed == a and parsed.word == a.word
+    tuple_move = parse_action("('move', 3)")
+    assert isinstance(tuple_move, Action) and tuple_move.word == "down"

@@ -64,8 +64,13 @@ class Action:
             return "('stop', 'stop')"
         return f"('move', {int(self.direction or 0)})"
 
+    @property
+    def word(self) -> str:
+        """The action's word in the prompt's vocabulary: ``stop`` or a direction (``up``, ...)."""
+        return "stop" if self.kind == "stop" else (self.direction or Direction.RIGHT).word
+
     def to_tag(self) -> str:
-        return f"<action>{'stop' if self.kind == 'stop' else (self.direction or Direction.RIGHT).word}</action>"
+        return f"<action>{self.word}</action>"
 
 
 ParseErrorCode = Literal[
