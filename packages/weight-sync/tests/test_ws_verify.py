@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-import weight_sync._fsutil as fsutil
-import weight_sync.store as store_mod
+import weight_sync.fs as fs_mod
 from weight_sync import AdapterStore, VerificationError, VersionNotFoundError
 
 Doc = dict[str, Any]
@@ -158,13 +157,13 @@ def test_verification_cache_avoids_rehashing_unchanged_files(
 ):
     pv = store.publish(adapter_dir)
     calls: list[Path] = []
-    real = fsutil.hash_file
+    real = fs_mod.hash_file
 
     def counting(path: Path):
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(store_mod, "hash_file", counting)
+    monkeypatch.setattr(fs_mod, "hash_file", counting)
     store.verify(pv.version)
     assert len(calls) == 2
     store.verify(pv.version)

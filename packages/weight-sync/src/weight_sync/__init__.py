@@ -1,5 +1,6 @@
 """Atomic, verified publish/subscribe of versioned LoRA adapters on a shared filesystem."""
 
+from weight_sync import fs
 from weight_sync.errors import (
     InvalidAdapterError,
     LeaseError,
@@ -39,5 +40,6 @@ __all__ = [
     "VersionConflictError",
     "VersionNotFoundError",
     "WeightSyncError",
+    "fs",
     "notify_vllm",
 ]

@@ -1,11 +1,10 @@
-"""Low-level file helpers: hash-while-writing copies, fsync of files and directories."""
+"""Hash-while-writing copies for publishing; the public primitives are in ``weight_sync.fs``."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -49,15 +48,7 @@ def storage_full(exc: OSError, what: str) -> StorageFullError:
     return StorageFullError(f"no space left on device while writing {what}: {exc.strerror}")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
+def write_all(fd: int, view: memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
@@ -88,7 +79,7 @@ class _HashingWriter:
             self._hook(self._name, self.size)
         self.wait_hash()
         self._pending = _executor().submit(self._hash.update, view)
-        _write_all(self._fd, view)
+        write_all(self._fd, view)
         self.size += len(view)
         self._dirty += len(view)
         if (
@@ -183,9 +174,9 @@ def copy_hashed(
     """Copy ``src`` to a new file ``dst``; return ``(size, sha256)``.
 
     One pass: for each chunk the kernel copies it (``copy_file_range``, no userspace copy)
-    while a worker thread hashes the same byte range, still hot in the page cache. Hashing
-    the destination instead measured ~1.6x slower here. The source must not change during
-    the copy: a change of size, mtime or ctime is an error (and readers re-verify anyway).
+    while a worker thread hashes the same byte range, still hot in the page cache (faster
+    than hashing the destination). The source must not change during the copy: a change of
+    size, mtime or ctime is an error (and readers re-verify anyway).
     """
     fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -284,38 +275,3 @@ def write_hashed(
     finally:
         os.close(fd)
     return writer.size, digest
-
-
-def hash_file(path: Path) -> tuple[int, str]:
-    """Return ``(size, sha256)`` of a file, read with large buffers."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-    return size, h.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes, *, durable: bool) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix."""
-    tmp = path.with_name(f".{path.name}.tmp.{uuid.uuid4().hex}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(fd, memoryview(data))
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(path.parent)

@@ -53,8 +53,10 @@ class FileWatcher:
         return self._fd is not None
 
     def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` s; True if an event for the file arrived (False may still
-        mean it changed, e.g. remotely, so callers re-check the file either way)."""
+        """Block up to ``timeout`` s; True if an event for the file arrived.
+
+        False may still mean it changed (e.g. remotely), so callers re-check the file either way.
+        """
         if self._fd is None:
             time.sleep(max(0.0, timeout))
             return False

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from weight_sync.bench import run_bench
 from weight_sync.errors import WeightSyncError
 from weight_sync.notify import notify_vllm
 from weight_sync.s3 import S3Mirror
@@ -136,17 +135,8 @@ def _cmd_s3_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    return run_bench(
-        workdir=args.dir,
-        rounds=args.rounds,
-        latency_samples=args.latency_samples,
-        rank=args.rank,
-        poll_interval=args.poll_interval,
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The ``weight-sync`` parser; each subcommand sets ``func``, the handler :func:`main` calls."""
     p = argparse.ArgumentParser(
         prog="weight-sync", description="Atomic, verified LoRA adapter publish/subscribe."
     )
@@ -216,18 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--cache", required=True, type=Path)
             sp.add_argument("--json", action="store_true")
             sp.set_defaults(func=_cmd_s3_pull)
-
-    sp = sub.add_parser("bench", help="publish vs plain copy, and subscriber latency")
-    sp.add_argument("--dir", type=Path, default=Path("."), help="work dir on the disk to test")
-    sp.add_argument("--rounds", type=int, default=5)
-    sp.add_argument("--latency-samples", type=int, default=30)
-    sp.add_argument("--rank", type=int, default=32)
-    sp.add_argument("--poll-interval", type=float, default=0.02)
-    sp.set_defaults(func=_cmd_bench)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``weight-sync``.
+
+    Returns:
+        The subcommand's exit code; 1 after a :class:`WeightSyncError`, 2 after a ``ValueError``,
+        130 when interrupted.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -18,6 +18,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class FileEntry:
+    """Size in bytes and sha256 hex digest of one file of a version."""
+
     size: int
     sha256: str
 
@@ -61,7 +63,7 @@ class Manifest:
             raise VerificationError(f"{where}: 'files' must be a non-empty object")
         files: dict[str, FileEntry] = {}
         for name, entry in cast(dict[str, Any], files_raw).items():
-            if not valid_file_name(name):
+            if not valid_file_path(name):
                 raise VerificationError(f"{where}: invalid file name {name!r}")
             if not isinstance(entry, dict):
                 raise VerificationError(f"{where}: files[{name!r}] must be an object")
@@ -117,6 +119,7 @@ class Pointer:
 
 
 def version_dir_name(version: int) -> str:
+    """``v`` plus the version zero-padded to 9 digits, so names sort in version order."""
     return f"v{version:09d}"
 
 
@@ -124,6 +127,7 @@ _VERSION_DIR = re.compile(r"^v(\d{9,})$")
 
 
 def parse_version_dir(name: str) -> int | None:
+    """The version a :func:`version_dir_name` name stands for; None for any other name."""
     m = _VERSION_DIR.match(name)
     return int(m.group(1)) if m else None
 
@@ -138,6 +142,14 @@ def valid_file_name(name: str) -> bool:
         and not name.startswith(".")
         and name != MANIFEST_NAME
     )
+
+
+def valid_file_path(name: str) -> bool:
+    """A flat name, or a relative POSIX path of visible parts (the entries of a nested tree)."""
+    parts = name.split("/")
+    if len(parts) == 1:
+        return valid_file_name(name)
+    return all(p and not p.startswith(".") and "\\" not in p and "\0" not in p for p in parts)
 
 
 def _load_object(data: bytes, where: str) -> dict[str, Any]:

@@ -14,10 +14,11 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
-from weight_sync._fsutil import CHUNK, fsync_dir, is_no_space, storage_full
+from weight_sync._fsutil import CHUNK, is_no_space, storage_full
 from weight_sync.errors import MirrorError, VerificationError
+from weight_sync.fs import fsync_dir, verify_manifest
 from weight_sync.manifest import MANIFEST_NAME, Manifest, Pointer, version_dir_name
-from weight_sync.store import LATEST, PublishedVersion, verify_dir
+from weight_sync.store import LATEST, PublishedVersion
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
@@ -134,7 +135,7 @@ class S3Mirror:
         if target.is_dir():
             try:
                 if (target / MANIFEST_NAME).read_bytes() == mraw:
-                    verify_dir(target, manifest)
+                    verify_manifest(target, manifest)
                     return result
             except (OSError, VerificationError):
                 pass
@@ -166,7 +167,7 @@ class S3Mirror:
                 os.rename(staging, target)
             except OSError:
                 # Another downloader won the race; keep theirs if it is valid.
-                verify_dir(target, manifest)
+                verify_manifest(target, manifest)
         except ClientError as exc:
             raise MirrorError(f"download of version {version}: {exc}") from None
         except BotoCoreError as exc:

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -36,10 +35,7 @@ from typing import Any, cast
 from weight_sync import _peft
 from weight_sync._fsutil import (
     WriteHook,
-    atomic_write,
     copy_hashed,
-    fsync_dir,
-    hash_file,
     is_no_space,
     storage_full,
     write_hashed,
@@ -53,6 +49,7 @@ from weight_sync.errors import (
     VersionNotFoundError,
     WeightSyncError,
 )
+from weight_sync.fs import VerifyCache, atomic_write_bytes, fsync_dir, verify_manifest
 from weight_sync.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -90,6 +87,8 @@ class PublishedVersion:
 
 @dataclass(frozen=True)
 class LeaseInfo:
+    """A lease file as read back: which reader pins which version, until when."""
+
     version: int
     reader: str
     expires_at: float
@@ -101,6 +100,8 @@ class LeaseInfo:
 
 @dataclass
 class GcReport:
+    """What one ``gc`` did: versions removed, kept, pinned by a live lease; leftovers cleaned."""
+
     removed: list[int] = field(default_factory=lambda: [])
     kept: list[int] = field(default_factory=lambda: [])
     pinned: list[int] = field(default_factory=lambda: [])
@@ -131,7 +132,7 @@ class Lease:
             "pid": os.getpid(),
         }
         try:
-            atomic_write(self.path, json.dumps(doc).encode(), durable=False)
+            atomic_write_bytes(self.path, json.dumps(doc).encode(), durable=False)
         except OSError as exc:
             raise LeaseError(f"{self.path}: cannot write lease ({exc.strerror})") from exc
         self.expires_at = expires
@@ -174,7 +175,7 @@ class AdapterStore:
         self.root = Path(root).absolute()
         self.durable = durable
         self.write_hook = write_hook
-        self._cache: dict[tuple[str, int, int, int, int], str] = {}
+        self._cache: VerifyCache = {}
         try:
             for sub in (VERSIONS, STAGING, TRASH, LEASES):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -265,7 +266,7 @@ class AdapterStore:
         )
 
     def _verify_files(self, path: Path, manifest: Manifest, use_cache: bool) -> None:
-        verify_dir(path, manifest, cache=self._cache if use_cache else None)
+        verify_manifest(path, manifest, cache=self._cache if use_cache else None)
 
     def _dir_versions(self) -> list[int]:
         out: list[int] = []
@@ -316,7 +317,7 @@ class AdapterStore:
             now = time.time()
             pointer = Pointer(version, hashlib.sha256(mraw).hexdigest(), now)
             try:
-                atomic_write(self.root / LATEST, pointer.to_json(), durable=self.durable)
+                atomic_write_bytes(self.root / LATEST, pointer.to_json(), durable=self.durable)
             except OSError as exc:
                 # The version never became visible: take it back out so nothing dangles.
                 self._discard(self.version_path(version))
@@ -487,8 +488,11 @@ class AdapterStore:
         return self.root / LEASES / f".collecting.{version_dir_name(version)}"
 
     def _collect_leftovers(self, current: int | None) -> list[str]:
-        """Under the lock no one else writes, so staging dirs, trash and unpointed versions
-        are leftovers of killed publishers/collectors."""
+        """Remove what killed publishers and collectors left behind, and list what went.
+
+        Under the lock no one else writes, so staging dirs, trash and unpointed versions
+        are leftovers of killed publishers/collectors.
+        """
         removed: list[str] = []
         for sub in (STAGING, TRASH):
             for entry in os.scandir(self.root / sub):
@@ -522,57 +526,6 @@ class AdapterStore:
         except FileNotFoundError:
             return
         shutil.rmtree(dst, ignore_errors=True)
-
-
-_cache_lock = threading.Lock()
-
-
-def verify_dir(
-    path: Path,
-    manifest: Manifest,
-    *,
-    cache: dict[tuple[str, int, int, int, int], str] | None = None,
-) -> None:
-    """Raise ``VerificationError`` unless ``path`` holds exactly the manifest's files, each
-    with the recorded size and sha256. ``cache`` maps (path, inode, size, mtime_ns,
-    ctime_ns) to a sha256 already computed, so unchanged files are not re-read."""
-    try:
-        present = {n for n in os.listdir(path) if n != MANIFEST_NAME}
-    except FileNotFoundError:
-        raise VersionNotFoundError(f"{path}: removed while verifying") from None
-    missing = sorted(set(manifest.files) - present)
-    if missing:
-        raise VerificationError(f"{path}: file {missing[0]!r} in the manifest is missing")
-    extra = sorted(present - set(manifest.files))
-    if extra:
-        raise VerificationError(f"{path}: file {extra[0]!r} is not in the manifest")
-    for name, entry in sorted(manifest.files.items()):
-        fpath = path / name
-        try:
-            st = os.stat(fpath)
-        except FileNotFoundError:
-            raise VersionNotFoundError(f"{fpath}: removed while verifying") from None
-        if st.st_size != entry.size:
-            raise VerificationError(
-                f"{fpath}: size {st.st_size} != {entry.size} recorded in the manifest"
-            )
-        key = (str(fpath), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if cache is not None:
-            with _cache_lock:
-                if cache.get(key) == entry.sha256:
-                    continue
-        try:
-            size, sha = hash_file(fpath)
-        except FileNotFoundError:
-            raise VersionNotFoundError(f"{fpath}: removed while verifying") from None
-        if size != entry.size or sha != entry.sha256:
-            raise VerificationError(
-                f"{fpath}: sha256 {sha[:16]}... (size {size}) does not match the manifest"
-                f" ({entry.sha256[:16]}..., size {entry.size})"
-            )
-        if cache is not None:
-            with _cache_lock:
-                cache[key] = sha
 
 
 def _collect_source(

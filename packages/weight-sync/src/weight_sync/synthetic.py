@@ -17,6 +17,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class LoraShape:
+    """Dimensions of a LoRA adapter on all seven attention and MLP projections of every layer."""
+
     num_layers: int
     hidden: int
     intermediate: int
@@ -44,10 +46,12 @@ class LoraShape:
 
 
 def qwen3_vl_8b(rank: int = 32) -> LoraShape:
+    """The LoRA shape of Qwen3-VL-8B's language model at ``rank``."""
     return LoraShape(36, 4096, 12288, 1024, rank, base_model="Qwen/Qwen3-VL-8B-Instruct")
 
 
 def tiny(rank: int = 4, num_layers: int = 2, hidden: int = 64) -> LoraShape:
+    """A small LoRA shape for fast tests."""
     return LoraShape(num_layers, hidden, hidden * 2, hidden // 2, rank)
 
 

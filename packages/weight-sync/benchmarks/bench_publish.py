@@ -1,10 +1,14 @@
 """Benchmark: publish vs plain copy of the same bytes, and subscriber notice latency.
 
-Run with ``weight-sync bench --dir DIR`` (DIR on the filesystem to measure).
+    uv run python packages/weight-sync/benchmarks/bench_publish.py --dir DIR [--rounds 5]
+        [--latency-samples 30] [--rank 32] [--poll-interval 0.02]
+
+DIR is a work directory on the filesystem to measure; everything written there is removed.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -17,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from weight_sync._fsutil import fsync_dir, hash_file
+from weight_sync.fs import fsync_dir, hash_file
 from weight_sync.store import AdapterStore
 from weight_sync.subscriber import Subscriber
 from weight_sync.synthetic import qwen3_vl_8b, write_adapter
@@ -61,8 +65,7 @@ def _latency(
     store = AdapterStore(root)
     cmd = [
         sys.executable,
-        "-m",
-        "weight_sync.bench",
+        str(Path(__file__).resolve()),
         "--subscriber",
         str(root),
         str(samples),
@@ -76,7 +79,7 @@ def _latency(
     try:
         ready = proc.stdout.readline()
         if ready.strip() != "ready":
-            raise RuntimeError(f"subscriber failed to start: {ready!r}")
+            raise SystemExit(f"subscriber failed to start: {ready!r}")
         base = store.latest_version() or 0
         for i in range(1, samples + 1):
             time.sleep(0.05)  # let the subscriber go back to sleep, as in steady state
@@ -132,6 +135,11 @@ def run_bench(
     rank: int = 32,
     poll_interval: float = 0.02,
 ) -> int:
+    """Time hashing, copying and publishing a Qwen3-VL-8B-sized adapter, then subscriber latency.
+
+    Everything is written in a temporary directory under ``workdir`` and removed afterwards.
+    Returns the exit code (0).
+    """
     shape = qwen3_vl_8b(rank)
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="weight-sync-bench-", dir=workdir) as tmp:
@@ -185,8 +193,27 @@ def run_bench(
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, or with ``--subscriber ...`` act as the subscriber child of the latency test."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 5 and argv[0] == "--subscriber":  # the child process of _latency
+        _subscriber_main(argv[1], int(argv[2]), float(argv[3]), argv[4] == "1")
+        return 0
+    p = argparse.ArgumentParser(description="publish vs plain copy, and subscriber latency")
+    p.add_argument("--dir", type=Path, default=Path("."), help="work dir on the disk to test")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--latency-samples", type=int, default=30)
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--poll-interval", type=float, default=0.02)
+    args = p.parse_args(argv)
+    return run_bench(
+        workdir=args.dir,
+        rounds=args.rounds,
+        latency_samples=args.latency_samples,
+        rank=args.rank,
+        poll_interval=args.poll_interval,
+    )
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--subscriber":
-        _subscriber_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1")
-    else:
-        raise SystemExit("usage: weight-sync bench --help")
+    sys.exit(main())
