@@ -1,6 +1,15 @@
 import pytest
 
-from maze_env import Action, Direction, MazeGame, generate
+from maze_env import (
+    Action,
+    Direction,
+    EpisodeOverError,
+    EvalSetError,
+    MazeEnvError,
+    MazeGame,
+    MazeSpecError,
+    generate,
+)
 from maze_env.game import FEEDBACK_MOVED, FEEDBACK_WALL
 
 # easy seed 0: start (7, 1), goal (1, 7); up from the start is a wall, right is open.
@@ -16,8 +25,18 @@ def test_optimal_play_solves_with_reward_one() -> None:
     result = game.step("('stop', 'stop')")
     assert result.terminated and result.reward == 1.0 and game.solved
     assert game.steps_used == MAZE.optimal_moves + 1
-    with pytest.raises(RuntimeError, match="over"):
+    with pytest.raises(EpisodeOverError, match="over"):
         game.step("up")
+
+
+def test_errors_share_one_root_and_keep_their_builtin_bases() -> None:
+    # Callers that caught ValueError or RuntimeError before the root existed still catch them.
+    for err, builtin in (
+        (MazeSpecError, ValueError),
+        (EvalSetError, ValueError),
+        (EpisodeOverError, RuntimeError),
+    ):
+        assert issubclass(err, MazeEnvError) and issubclass(err, builtin)
 
 
 def test_wall_bump_is_a_noop_that_uses_a_step() -> None:

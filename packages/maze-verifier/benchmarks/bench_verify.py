@@ -40,6 +40,7 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Time each verification path, print the table (or JSON), and return the figures."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

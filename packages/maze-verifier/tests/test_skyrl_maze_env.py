@@ -14,8 +14,16 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv
 from maze_env import Direction, Maze, generate
 from maze_env.actions import DIRECTION_DELTAS
 from maze_env.export import maze_row, write_rows
-from maze_verifier import register_env
-from maze_verifier.env import MazeEnv, MazeEnvConfigError
+from maze_verifier import (
+    BatchError,
+    EpisodeOverError,
+    MazeTextEnvConfigError,
+    MazeVerifierError,
+    RewardSpecError,
+    register_env,
+)
+from maze_verifier.cli import InputError
+from maze_verifier.env import MazeTextEnv
 
 SFT_TURN = "<observation>I am at {pos}</observation><justification>closer</justification><action>{a}</action>"
 
@@ -28,16 +36,16 @@ def _row_extras(maze: Maze) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return prompt, row
 
 
-def _skyrl_make(env_config: Any, extras: dict[str, Any], env_class: str = "maze") -> MazeEnv:
+def _skyrl_make(env_config: Any, extras: dict[str, Any], env_class: str = "maze") -> MazeTextEnv:
     """skyrl_gym.make, exactly as SkyRL's generator calls it."""
     env: object = skyrl_gym.make(env_class, env_config=env_config, extras=extras)  # pyright: ignore[reportUnknownVariableType] - skyrl_gym is untyped
-    assert isinstance(env, MazeEnv)
+    assert isinstance(env, MazeTextEnv)
     return env
 
 
 def _make(
     maze: Maze, env_config: dict[str, Any] | None = None
-) -> tuple[MazeEnv, list[dict[str, Any]]]:
+) -> tuple[MazeTextEnv, list[dict[str, Any]]]:
     register_env()
     prompt, extras = _row_extras(maze)
     return _skyrl_make(env_config or {}, extras), prompt
@@ -65,7 +73,7 @@ def _text(message: dict[str, Any]) -> str:
 def test_register_is_idempotent_and_make_builds_the_env() -> None:
     assert register_env() == "maze"
     assert register_env() == "maze"
-    assert skyrl_gym.registry["maze"].entry_point == "maze_verifier.env:MazeEnv"
+    assert skyrl_gym.registry["maze"].entry_point == "maze_verifier.env:MazeTextEnv"
     env, _ = _make(generate("easy", 5))
     assert isinstance(env, BaseTextEnv)
     assert getattr(env, "spec", None) is not None  # set by skyrl_gym.make
@@ -74,8 +82,20 @@ def test_register_is_idempotent_and_make_builds_the_env() -> None:
 
 def test_register_refuses_a_name_taken_by_another_env() -> None:
     # gsm8k ships with skyrl-gym; claiming its name must not silently replace it.
-    with pytest.raises(MazeEnvConfigError, match="already registered"):
+    with pytest.raises(MazeTextEnvConfigError, match="already registered"):
         register_env("gsm8k")
+
+
+def test_errors_share_one_root_and_keep_their_builtin_bases() -> None:
+    # Callers that caught ValueError or RuntimeError before the root existed still catch them.
+    for err, builtin in (
+        (RewardSpecError, ValueError),
+        (BatchError, ValueError),
+        (InputError, ValueError),
+        (MazeTextEnvConfigError, ValueError),
+        (EpisodeOverError, RuntimeError),
+    ):
+        assert issubclass(err, MazeVerifierError) and issubclass(err, builtin)
 
 
 def test_optimal_episode_rewards_one_at_the_end() -> None:
@@ -105,7 +125,7 @@ def test_optimal_episode_rewards_one_at_the_end() -> None:
     assert metrics["solved"] is True
     assert metrics["turns"] == maze.optimal_moves + 1
     assert metrics["efficiency"] == 1.0
-    agg = MazeEnv.aggregate_metrics([metrics, {**metrics, "solved": False}])
+    agg = MazeTextEnv.aggregate_metrics([metrics, {**metrics, "solved": False}])
     assert agg["solved"] == 0.5
     env.close()
 
@@ -152,7 +172,7 @@ def test_budget_truncation_ends_with_zero_reward() -> None:
     assert outs[-1]["reward"] == 0.0
     assert outs[-1]["metadata"]["score"]["truncated"] is True
     assert "Step budget exhausted." in outs[-1]["metadata"]["feedback"]
-    with pytest.raises(RuntimeError, match="episode is over"):
+    with pytest.raises(EpisodeOverError, match="episode is over"):
         env.step(bump)
 
 
@@ -255,7 +275,7 @@ def test_bad_config_and_rows_fail_with_a_named_key(
     register_env()
     _, extras = _row_extras(generate("easy", 40))
     extras.update(extras_patch)
-    with pytest.raises(MazeEnvConfigError, match=match):
+    with pytest.raises(MazeTextEnvConfigError, match=match):
         skyrl_gym.make("maze", env_config=env_config, extras=extras)
 
 
@@ -299,12 +319,12 @@ def test_path_mode_scores_one_reply_by_replay() -> None:
     assert out["observations"] == []
     assert out["metadata"]["score"]["solved"] is True
     assert env.get_metrics()["solved"] is True
-    with pytest.raises(RuntimeError, match="episode is over"):
+    with pytest.raises(EpisodeOverError, match="episode is over"):
         env.step("R")
     bad, _ = _make(maze, {"mode": "path"})
     out = bad.step("<answer>teleport</answer>")
     assert out["done"]
     assert out["reward"] == 0.0
     assert out["metadata"]["score"]["parse_failures"] == ["bad_token"]
-    with pytest.raises(MazeEnvConfigError, match="mode"):
+    with pytest.raises(MazeTextEnvConfigError, match="mode"):
         _make(maze, {"mode": "chess"})

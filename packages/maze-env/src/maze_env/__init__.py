@@ -1,10 +1,4 @@
-"""Deterministic visual 2D mazes, VisGym-compatible, usable with no RL stack.
-
-``MazeEnv`` (the Gymnasium env) is imported on first use: Gymnasium takes most of a second to
-import, and verifiers, exporters and servers that only need mazes should not pay for it.
-"""
-
-from typing import TYPE_CHECKING, Any
+"""Deterministic visual 2D mazes, VisGym-compatible, usable with no RL stack."""
 
 from maze_env.actions import (
     DIRECTION_DELTAS,
@@ -15,7 +9,10 @@ from maze_env.actions import (
     ParseResult,
     parse_action,
 )
+from maze_env.env import MazeEnv
+from maze_env.errors import EpisodeOverError, MazeEnvError
 from maze_env.evalsets import EVAL_SETS, EvalSet, EvalSetError, get_eval_set, verify_eval_set
+from maze_env.export import ENV_CLASS
 from maze_env.game import MazeGame, StepResult
 from maze_env.generators import GENERATORS
 from maze_env.maze import (
@@ -29,14 +26,12 @@ from maze_env.maze import (
 )
 from maze_env.render import QWEN3_VL_TOKEN_PX, Renderer, Style, render_ascii, render_png, render_rgb
 
-if TYPE_CHECKING:
-    from maze_env.env import MazeEnv
-
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SLACK",
     "DIRECTION_DELTAS",
+    "ENV_CLASS",
     "EVAL_SETS",
     "GENERATORS",
     "MAX_ACTION_CHARS",
@@ -44,10 +39,12 @@ __all__ = [
     "QWEN3_VL_TOKEN_PX",
     "Action",
     "Direction",
+    "EpisodeOverError",
     "EvalSet",
     "EvalSetError",
     "Maze",
     "MazeEnv",
+    "MazeEnvError",
     "MazeGame",
     "MazeSpec",
     "MazeSpecError",
@@ -65,11 +62,3 @@ __all__ = [
     "render_rgb",
     "verify_eval_set",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "MazeEnv":
-        from maze_env.env import MazeEnv
-
-        return MazeEnv
-    raise AttributeError(f"module 'maze_env' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``maze-env``: inspect, render, play, export and benchmark mazes."""
+"""``maze-env``: inspect, render, play and export mazes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from maze_env.errors import MazeEnvError
 from maze_env.evalsets import EVAL_SETS, EvalSetError, verify_eval_set
 from maze_env.game import MazeGame
-from maze_env.maze import DEFAULT_SLACK, MazeSpecError, generate
+from maze_env.maze import DEFAULT_SLACK, generate
 from maze_env.render import QWEN3_VL_TOKEN_PX, VISGYM_CELL_PX, Renderer, Style, render_ascii
 
 
@@ -76,9 +77,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=Path("out/demo"))
     p.add_argument("--eval-set", default="easy-64", choices=sorted(EVAL_SETS))
-
-    p = sub.add_parser("bench", help="time reset+render and step against VisGym's figures")
-    p.add_argument("--seconds", type=float, default=1.0, help="time budget per measurement")
     return parser
 
 
@@ -181,6 +179,7 @@ def _evalsets(out: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
+    """Run ``maze-env``; returns the exit code (2 after printing an error)."""
     out = stdout or sys.stdout
     args = _parser().parse_args(argv)
     try:
@@ -198,11 +197,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
             from maze_env.demo import run_demo
 
             run_demo(args.out, out, eval_set=args.eval_set)
-        elif args.command == "bench":
-            from maze_env.bench import run_bench
-
-            run_bench(args.seconds, out)
-    except (MazeSpecError, EvalSetError, ValueError, OSError, RuntimeError) as exc:
+    except (MazeEnvError, ValueError, OSError, RuntimeError) as exc:
         sys.stderr.write(f"maze-env: error: {exc}\n")
         return 2
     return 0

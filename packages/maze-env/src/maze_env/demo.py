@@ -22,6 +22,17 @@ from maze_env.render import Renderer, token_aligned_style
 def run_demo(
     out_dir: Path, out: TextIO, *, eval_set: str = "easy-64", seed: int = 0
 ) -> dict[str, float]:
+    """Verify ``eval_set``, play it with the oracle and a random policy, write files to ``out_dir``.
+
+    Args:
+        out_dir: Where the example images and the SkyRL datasets go.
+        out: Where the report lines are written.
+        eval_set: The fixed set to play.
+        seed: Seed of the random policy.
+
+    Returns:
+        The solve rate of each policy, ``{"oracle": ..., "random": ...}``.
+    """
     es = verify_eval_set(eval_set)
     out.write(f"eval set {es.name}: {len(es.mazes)} mazes, sha256 {es.sha256[:16]}… verified\n")
     env = MazeEnv(es.spec)

@@ -37,6 +37,8 @@ def _to_action(action: Any) -> Action | str:
 
 
 class MazeEnv(gym.Env[Frame, Any]):
+    """The maze as a Gymnasium env: RGB frames; actions 0-4, an :class:`Action` or model text."""
+
     metadata: dict[str, Any] = {"render_modes": ["rgb_array", "ansi"], "render_fps": 4}  # noqa: RUF012
 
     def __init__(
@@ -77,8 +79,10 @@ class MazeEnv(gym.Env[Frame, Any]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Frame, dict[str, Any]]:
-        """New maze. ``seed`` picks the VisGym-identical layout; with no seed, the env's own
-        generator (seeded by the first ``reset(seed=...)``) draws one, as Gymnasium envs do.
+        """Start an episode on a new maze.
+
+        ``seed`` picks the VisGym-identical layout; with no seed, the env's own generator
+        (seeded by the first ``reset(seed=...)``) draws one, as Gymnasium envs do.
 
         ``options``: ``maze`` (a :class:`Maze` to play as is), ``step_budget`` (int).
         """

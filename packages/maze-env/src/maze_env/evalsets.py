@@ -10,15 +10,18 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
+from maze_env.errors import MazeEnvError
 from maze_env.maze import Maze, MazeSpec, generate
 
 
-class EvalSetError(ValueError):
+class EvalSetError(MazeEnvError, ValueError):
     """Unknown eval set, or one whose mazes no longer match the pinned hash."""
 
 
 @dataclass(frozen=True)
 class EvalSet:
+    """A named, fixed list of maze seeds for one spec, with the pinned hash of its mazes."""
+
     name: str
     spec: MazeSpec
     seeds: tuple[int, ...]
@@ -81,6 +84,11 @@ EVAL_SETS: dict[str, EvalSet] = {
 
 
 def get_eval_set(name: str) -> EvalSet:
+    """The eval set called ``name``, unverified (see :func:`verify_eval_set`).
+
+    Raises:
+        EvalSetError: No set has that name.
+    """
     try:
         return EVAL_SETS[name]
     except KeyError:

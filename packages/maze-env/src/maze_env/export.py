@@ -9,17 +9,18 @@ the very maze the prompt shows from ``preset`` + ``seed``.
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from maze_env.errors import ExportError
 from maze_env.evalsets import get_eval_set
 from maze_env.maze import DEFAULT_SLACK, Maze, MazeSpec, generate
 from maze_env.prompts import Message, initial_messages, text_part
 from maze_env.render import DEFAULT_STYLE, Style
+from weight_sync import fs
 
 ENV_CLASS = "maze"
 """The skyrl-gym ``env_class`` that maze-verifier registers."""
@@ -44,6 +45,11 @@ def _uniform(messages: list[Message]) -> list[Message]:
 def maze_row(
     maze: Maze, *, split: str, index: int, slack: int = DEFAULT_SLACK, style: Style = DEFAULT_STYLE
 ) -> dict[str, Any]:
+    """One SkyRL dataset row: the first-turn prompt plus what the env needs to rebuild the episode.
+
+    Raises:
+        ValueError: ``maze`` has no seed.
+    """
     if maze.seed is None:
         raise ValueError("dataset rows need seeded mazes, so the env can rebuild them")
     budget = maze.step_budget(slack)
@@ -103,8 +109,11 @@ def build_rows(
     slack: int = DEFAULT_SLACK,
     style: Style = DEFAULT_STYLE,
 ) -> list[dict[str, Any]]:
-    """Rows for ``seeds``; ``repeat`` > 1 writes each maze that many times in a row, so a trainer
-    that expands GRPO groups from the dataset gives every member of a group the same maze."""
+    """Dataset rows for ``seeds``, in order.
+
+    ``repeat`` > 1 writes each maze that many times in a row, so a trainer that expands GRPO
+    groups from the dataset gives every member of a group the same maze.
+    """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     rows: list[dict[str, Any]] = []
@@ -115,28 +124,22 @@ def build_rows(
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path, fmt: Format = "parquet") -> Path:
-    """Write atomically (temp file in the same directory, then rename)."""
+    """Write atomically (``weight_sync.fs``: temp file in the same directory, fsync, rename)."""
+    if fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ExportError(
+                "parquet export needs pyarrow: pip install 'maze-env[parquet]'"
+            ) from exc
+        sink = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), sink)  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        data = sink.getbuffer()
+    else:
+        data = memoryview("".join(json.dumps(row) + "\n" for row in rows).encode())
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if fmt == "parquet":
-            try:
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-            except ImportError as exc:
-                raise RuntimeError(
-                    "parquet export needs pyarrow: pip install 'maze-env[parquet]'"
-                ) from exc
-            pq.write_table(pa.Table.from_pylist(rows), tmp)  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
-        else:
-            with open(tmp, "w", encoding="utf-8") as f:
-                for row in rows:
-                    f.write(json.dumps(row) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    fs.atomic_write_bytes(path, data)
     return path
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from maze_env.actions import DIRECTION_DELTAS, Action, ParseFailure, parse_action
+from maze_env.errors import EpisodeOverError
 from maze_env.maze import DEFAULT_SLACK, Maze, Pos
 
 Outcome = Literal["moved", "bumped", "invalid", "stopped"]
@@ -25,6 +26,8 @@ FEEDBACK_BUDGET = "Step budget exhausted."
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
+    """What one turn did: outcome, feedback shown to the model, reward, end flags, parsed action."""
+
     outcome: Outcome
     feedback: str
     reward: float
@@ -69,10 +72,13 @@ class MazeGame:
         return self.step_budget - self.steps_used
 
     def step(self, action: Action | ParseFailure | str) -> StepResult:
-        """Apply one turn. ``action`` may be raw model text (parsed here) or an already parsed
-        result, so callers with their own length cap can pass a :class:`ParseFailure` through."""
+        """Apply one turn and report what it did.
+
+        ``action`` may be raw model text (parsed here) or an already parsed result, so callers
+        with their own length cap can pass a :class:`ParseFailure` through.
+        """
         if self.done:
-            raise RuntimeError("episode is over; start a new game")
+            raise EpisodeOverError("episode is over; start a new game")
         failure: ParseFailure | None = None
         parsed = parse_action(action) if isinstance(action, str) else action
         self.steps_used += 1

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from maze_env.actions import DIRECTION_DELTAS, Direction
+from maze_env.errors import MazeEnvError
 from maze_env.generators import CARVERS, GENERATORS, GeneratorName
 
 Pos = tuple[int, int]
@@ -21,7 +22,7 @@ DEFAULT_SLACK = 4
 """Extra turns beyond ``optimal moves + stop`` in the default step budget."""
 
 
-class MazeSpecError(ValueError):
+class MazeSpecError(MazeEnvError, ValueError):
     """A maze size, preset or generator name that cannot be built."""
 
 

@@ -28,19 +28,37 @@ SYSTEM_PROMPT = (
 
 
 def image_part(data_uri: str) -> dict[str, Any]:
+    """An OpenAI ``image_url`` content part holding ``data_uri``."""
     return {"type": "image_url", "image_url": {"url": data_uri}}
 
 
 def text_part(text: str) -> dict[str, Any]:
+    """An OpenAI ``text`` content part."""
     return {"type": "text", "text": text}
 
 
 def task_text(maze: Maze, step_budget: int) -> str:
+    """The first user turn's text: the maze size and the turn budget."""
     rows, cols = maze.shape
     return (
         f"Here is a {rows}x{cols} maze. You have {step_budget} turns, including the final stop. "
         "What is your first action?"
     )
+
+
+def oracle_reply(agent: Pos, goal: Pos, action: str) -> str:
+    """The oracle's answer in VisGym's SFT format for ``action`` taken at ``agent``."""
+    where = (
+        f"<observation>I am at row {agent[0]}, column {agent[1]}. "
+        f"The goal is at row {goal[0]}, column {goal[1]}.</observation>"
+    )
+    if action == "stop":
+        why = "<justification>I am on the goal, so I stop.</justification>"
+    else:
+        why = (
+            f"<justification>Moving {action} follows the shortest path to the goal.</justification>"
+        )
+    return f"{where}{why}<action>{action}</action>"
 
 
 def initial_messages(

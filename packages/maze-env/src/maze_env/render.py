@@ -28,6 +28,8 @@ QWEN3_VL_TOKEN_PX = 32
 
 @dataclass(frozen=True, slots=True)
 class Style:
+    """Square size in pixels and colours of a rendered maze; the defaults are VisGym's."""
+
     cell_px: int = VISGYM_CELL_PX
     path: RGB = (255, 255, 255)
     wall: RGB = (169, 169, 169)
@@ -77,7 +79,7 @@ class Renderer:
         px = style.cell_px
         palette = np.array([style.path, style.wall], dtype=np.uint8)
         squares = palette[maze.walls.view(np.uint8)]
-        # Widen columns first, then rows: repeating whole rows is a contiguous copy (10x faster).
+        # Widen columns first, then rows: repeating whole rows is a contiguous copy.
         base = np.repeat(np.repeat(squares, px, axis=1), px, axis=0)
         gr, gc = maze.goal
         base[gr * px : (gr + 1) * px, gc * px : (gc + 1) * px] = style.goal
@@ -100,6 +102,7 @@ class Renderer:
 
 
 def frame_to_png(frame: Frame) -> bytes:
+    """PNG bytes of an (H, W, 3) uint8 frame."""
     buf = io.BytesIO()
     # compress_level 1: these flat-colour frames compress well even at the fastest level.
     Image.fromarray(frame, mode="RGB").save(buf, format="PNG", compress_level=1)
@@ -107,18 +110,22 @@ def frame_to_png(frame: Frame) -> bytes:
 
 
 def png_to_data_uri(png: bytes) -> str:
+    """A ``data:image/png;base64,...`` URI, the form chat image parts carry."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def render_rgb(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> Frame:
+    """One frame of ``maze``; use a :class:`Renderer` to draw the same maze repeatedly."""
     return Renderer(maze, style).rgb(agent)
 
 
 def render_png(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> bytes:
+    """One frame of ``maze`` as PNG bytes."""
     return Renderer(maze, style).png(agent)
 
 
 def render_data_uri(maze: Maze, agent: Pos | None = None, style: Style = DEFAULT_STYLE) -> str:
+    """One frame of ``maze`` as a PNG data URI."""
     return Renderer(maze, style).data_uri(agent)
 
 

@@ -1,7 +1,7 @@
 """Reward verifier for visual maze episodes, and the skyrl-gym environment RL trainers run.
 
-The environment lives in :mod:`maze_verifier.env` (it imports skyrl-gym, which is slow to
-import); :func:`register_env` imports it on demand.
+The environment, :class:`maze_verifier.env.MazeTextEnv`, is imported by module path: it imports
+skyrl-gym, which is slow to import. :func:`register_env` imports it only when called.
 """
 
 from maze_verifier.batch import (
@@ -15,6 +15,7 @@ from maze_verifier.batch import (
     verify_batch,
     verify_texts,
 )
+from maze_verifier.errors import EpisodeOverError, MazeTextEnvConfigError, MazeVerifierError
 from maze_verifier.path import (
     MAX_PATH_CHARS,
     MAX_PATH_MOVES,
@@ -23,6 +24,7 @@ from maze_verifier.path import (
     PathResult,
     parse_path,
 )
+from maze_verifier.registration import register_env
 from maze_verifier.score import EpisodeScore, efficiency_credit, score_episode, score_path
 from maze_verifier.specs import (
     EFFICIENCY,
@@ -38,14 +40,6 @@ from maze_verifier.tags import SFT_TAGS, has_all_tags, has_nonempty_tag, tag_con
 
 __version__ = "0.1.0"
 
-
-def register_env(env_class: str = "maze") -> str:
-    """Register the maze environment with skyrl-gym (idempotent); see :mod:`maze_verifier.env`."""
-    from maze_verifier.env import register_env as _register
-
-    return _register(env_class)
-
-
 __all__ = [
     "EFFICIENCY",
     "INVALID",
@@ -58,8 +52,11 @@ __all__ = [
     "VISGYM_SFT",
     "BatchError",
     "BatchResult",
+    "EpisodeOverError",
     "EpisodeScore",
     "MazeBatch",
+    "MazeTextEnvConfigError",
+    "MazeVerifierError",
     "PathAnswer",
     "PathFailure",
     "PathResult",

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from maze_env import DEFAULT_SLACK, MAX_ACTION_CHARS, Action, Maze, parse_action
+from maze_verifier.errors import MazeVerifierError
 from maze_verifier.specs import RewardSpec, get_spec
 from maze_verifier.tags import has_all_tags
 
@@ -41,7 +42,7 @@ FloatArray = npt.NDArray[np.float64]
 _KIND_INVALID, _KIND_MOVE, _KIND_STOP, _KIND_PAD = 0, 1, 2, 3
 
 
-class BatchError(ValueError):
+class BatchError(MazeVerifierError, ValueError):
     """Arrays handed to the batch verifier that do not fit together."""
 
 
@@ -179,6 +180,127 @@ def _kind_tables(width: int) -> tuple[npt.NDArray[np.uint8], IntArray]:
     return kind, delta
 
 
+@dataclass(frozen=True, eq=False)
+class _Turns:
+    """Which turns each episode plays, resolved with whole-array operations before the replay."""
+
+    kind: npt.NDArray[np.uint8]
+    """``(E, T)``: invalid, move or stop for played turns, pad for the rest."""
+    delta: IntArray
+    """``(E, T)``: each played move's offset on the flat grid, 0 for every other cell."""
+    steps: IntArray
+    terminated: BoolArray
+    truncated: BoolArray
+
+
+def _action_codes(actions: npt.ArrayLike) -> npt.NDArray[np.int8]:
+    acts = np.asarray(actions)
+    if acts.ndim != 2 or not np.issubdtype(acts.dtype, np.integer):
+        raise BatchError(f"actions must be an (E, T) integer array, got {acts.dtype} {acts.shape}")
+    if acts.dtype != np.int8:
+        # Out-of-range codes are invalid turns; clip before narrowing so none wraps into 0-4.
+        acts = np.clip(acts, -1, 5).astype(np.int8)
+    return acts
+
+
+def _maze_index(maze_index: npt.ArrayLike | None, e: int, m: int) -> IntArray:
+    idx = _per_episode(maze_index, e, "maze_index", np.arange(e, dtype=np.int64))
+    if maze_index is None and e != m:
+        raise BatchError(f"{e} episodes but {m} mazes: pass maze_index to map episodes to mazes")
+    if e and (idx.min() < 0 or idx.max() >= m):
+        raise BatchError(f"maze_index values must lie in 0..{m - 1}")
+    return idx
+
+
+def _step_budgets(
+    step_budget: int | npt.ArrayLike | None, e: int, optimal: IntArray, slack: int
+) -> IntArray:
+    if slack < 0:
+        raise BatchError(f"slack must be >= 0, got {slack}")
+    budget = _per_episode(step_budget, e, "step_budget", optimal + 1 + slack)
+    if e and budget.min() < 1:
+        raise BatchError("step_budget must be >= 1")
+    return budget
+
+
+def _lengths(lengths: npt.ArrayLike | None, e: int, t_max: int) -> IntArray:
+    length = _per_episode(lengths, e, "lengths", np.full(e, t_max, dtype=np.int64))
+    if e and (length.min() < 0 or length.max() > t_max):
+        raise BatchError(f"lengths must lie in 0..{t_max}")
+    return length
+
+
+def _resolve_turns(
+    acts: npt.NDArray[np.int8], length: IntArray, budget: IntArray, width: int
+) -> _Turns:
+    """Played turns: before the row's end and the budget, up to and including the first stop."""
+    e, t_max = acts.shape
+    kind_lut, delta_lut = _kind_tables(width)
+    codes = acts.view(np.uint8)
+    kind: npt.NDArray[np.uint8] = kind_lut[codes]
+    limit = np.minimum(length, budget)
+    cols: IntArray = np.arange(t_max, dtype=np.int64)
+    kind[cols[None, :] >= limit[:, None]] = _KIND_PAD
+    is_stop: BoolArray = kind == _KIND_STOP
+    terminated: BoolArray = is_stop.any(axis=1)
+    # argmax has no answer for zero columns; no column means no stop anyway.
+    first_stop: IntArray = (
+        np.where(terminated, is_stop.argmax(axis=1), t_max) if t_max else np.zeros(e, np.int64)
+    )
+    kind[cols[None, :] > first_stop[:, None]] = _KIND_PAD
+    steps = np.where(terminated, first_stop + 1, limit)
+    return _Turns(
+        kind=kind,
+        delta=np.where(kind == _KIND_MOVE, delta_lut[codes], 0),
+        steps=steps,
+        terminated=terminated,
+        truncated=~terminated & (steps >= budget),
+    )
+
+
+def _replay(batch: MazeBatch, idx: IntArray, turns: _Turns) -> tuple[IntArray, IntArray]:
+    """Move every agent turn by turn.
+
+    Returns:
+        Each episode's final position (flat, within its own maze grid) and its wall bumps.
+    """
+    e = idx.shape[0]
+    _, h, w = batch.walls.shape
+    flat = batch.walls.reshape(-1)
+    base = idx * (h * w)
+    pos: IntArray = base + batch.start[idx, 0] * w + batch.start[idx, 1]
+    bumps = np.zeros(e, dtype=np.int64)
+    # Columns no episode plays need no replay; a zero delta never hits a wall (agents stand on
+    # open squares), so padded and non-move cells fall through without masking.
+    last = int(turns.steps.max()) if e else 0
+    delta_t = np.ascontiguousarray(turns.delta[:, :last].T)
+    for t in range(last):
+        nxt: IntArray = pos + delta_t[t]
+        blocked: BoolArray = flat[nxt]
+        pos = np.where(blocked, pos, nxt)
+        bumps += blocked
+    return pos - base, bumps
+
+
+def _efficiency(solved: BoolArray, optimal: IntArray, turns: _Turns) -> FloatArray:
+    spent = turns.steps - turns.terminated
+    return np.where(
+        solved, np.where(optimal > 0, optimal / np.maximum(spent, np.maximum(optimal, 1)), 1.0), 0.0
+    )
+
+
+def _tag_fraction(tags: npt.ArrayLike | None, steps: IntArray, t_max: int) -> FloatArray:
+    e = steps.shape[0]
+    if tags is None:
+        return np.zeros(e, dtype=np.float64)
+    tag_arr = np.asarray(tags, dtype=np.bool_)
+    if tag_arr.shape != (e, t_max):
+        raise BatchError(f"tags must have the actions' shape {(e, t_max)}, got {tag_arr.shape}")
+    cols: IntArray = np.arange(t_max, dtype=np.int64)
+    played: BoolArray = np.logical_and(tag_arr, cols[None, :] < steps[:, None])
+    return np.where(steps > 0, played.sum(axis=1) / np.maximum(steps, 1), 0.0)
+
+
 def verify_batch(
     mazes: MazeBatch | Sequence[Maze],
     actions: npt.ArrayLike,
@@ -200,91 +322,27 @@ def verify_batch(
     """
     rs = get_spec(spec)
     batch = mazes if isinstance(mazes, MazeBatch) else MazeBatch.from_mazes(mazes)
-    acts = np.asarray(actions)
-    if acts.ndim != 2 or not np.issubdtype(acts.dtype, np.integer):
-        raise BatchError(f"actions must be an (E, T) integer array, got {acts.dtype} {acts.shape}")
-    if acts.dtype != np.int8:
-        # Out-of-range codes are invalid turns; clip before narrowing so none wraps into 0-4.
-        acts = np.clip(acts, -1, 5).astype(np.int8)
+    acts = _action_codes(actions)
     e, t_max = acts.shape
-    m, h, w = batch.walls.shape
-
-    idx = _per_episode(maze_index, e, "maze_index", np.arange(e, dtype=np.int64))
-    if maze_index is None and e != m:
-        raise BatchError(f"{e} episodes but {m} mazes: pass maze_index to map episodes to mazes")
-    if e and (idx.min() < 0 or idx.max() >= m):
-        raise BatchError(f"maze_index values must lie in 0..{m - 1}")
-    if slack < 0:
-        raise BatchError(f"slack must be >= 0, got {slack}")
+    w = batch.walls.shape[2]
+    idx = _maze_index(maze_index, e, batch.size)
     optimal = batch.optimal_moves[idx]
-    budget = _per_episode(step_budget, e, "step_budget", optimal + 1 + slack)
-    if e and budget.min() < 1:
-        raise BatchError("step_budget must be >= 1")
-    length = _per_episode(lengths, e, "lengths", np.full(e, t_max, dtype=np.int64))
-    if e and (length.min() < 0 or length.max() > t_max):
-        raise BatchError(f"lengths must lie in 0..{t_max}")
-
-    # Which turns are played: before the row's end and the budget, up to and including a stop.
-    kind_lut, delta_lut = _kind_tables(w)
-    codes = acts.view(np.uint8)
-    kind: npt.NDArray[np.uint8] = kind_lut[codes]
-    limit = np.minimum(length, budget)
-    cols: IntArray = np.arange(t_max, dtype=np.int64)
-    kind[cols[None, :] >= limit[:, None]] = _KIND_PAD
-    is_stop: BoolArray = kind == _KIND_STOP
-    terminated: BoolArray = is_stop.any(axis=1)
-    # argmax has no answer for zero columns; no column means no stop anyway.
-    first_stop: IntArray = (
-        np.where(terminated, is_stop.argmax(axis=1), t_max) if t_max else np.zeros(e, np.int64)
-    )
-    kind[cols[None, :] > first_stop[:, None]] = _KIND_PAD
-    steps = np.where(terminated, first_stop + 1, limit)
-    truncated = ~terminated & (steps >= budget)
-    is_move = kind == _KIND_MOVE
-    delta = np.where(is_move, delta_lut[codes], 0)
-
-    hw = h * w
-    flat = batch.walls.reshape(-1)
-    base = idx * hw
-    pos: IntArray = base + batch.start[idx, 0] * w + batch.start[idx, 1]
-    goal: IntArray = base + batch.goal[idx, 0] * w + batch.goal[idx, 1]
-    bumps = np.zeros(e, dtype=np.int64)
-    # Columns no episode plays need no replay; a zero delta never hits a wall (agents stand on
-    # open squares), so padded and non-move cells fall through without masking.
-    last = int(steps.max()) if e else 0
-    delta_t = np.ascontiguousarray(delta[:, :last].T)
-    for t in range(last):
-        nxt: IntArray = pos + delta_t[t]
-        blocked: BoolArray = flat[nxt]
-        pos = np.where(blocked, pos, nxt)
-        bumps += blocked
-
-    n_moves = is_move.sum(axis=1)
-    invalid = (kind == _KIND_INVALID).sum(axis=1)
-    solved: BoolArray = terminated & (pos == goal)
-    spent = steps - terminated
-    efficiency = np.where(
-        solved, np.where(optimal > 0, optimal / np.maximum(spent, np.maximum(optimal, 1)), 1.0), 0.0
-    )
-    if tags is None:
-        tag_frac = np.zeros(e, dtype=np.float64)
-    else:
-        tag_arr = np.asarray(tags, dtype=np.bool_)
-        if tag_arr.shape != (e, t_max):
-            raise BatchError(f"tags must have the actions' shape {(e, t_max)}, got {tag_arr.shape}")
-        played: BoolArray = np.logical_and(tag_arr, cols[None, :] < steps[:, None])
-        tag_frac = np.where(steps > 0, played.sum(axis=1) / np.maximum(steps, 1), 0.0)
+    budget = _step_budgets(step_budget, e, optimal, slack)
+    turns = _resolve_turns(acts, _lengths(lengths, e, t_max), budget, w)
+    local, bumps = _replay(batch, idx, turns)
+    solved: BoolArray = turns.terminated & (local == batch.goal[idx, 0] * w + batch.goal[idx, 1])
+    efficiency = _efficiency(solved, optimal, turns)
+    tag_frac = _tag_fraction(tags, turns.steps, t_max)
     reward: FloatArray = rs.task * solved + rs.format * tag_frac + rs.efficiency * efficiency
-    local: IntArray = pos - base
     return BatchResult(
         reward=reward.astype(np.float64),
         solved=solved,
-        terminated=terminated,
-        truncated=truncated,
-        turns=steps.astype(np.int64),
-        moves=(n_moves - bumps).astype(np.int64),
+        terminated=turns.terminated,
+        truncated=turns.truncated,
+        turns=turns.steps.astype(np.int64),
+        moves=((turns.kind == _KIND_MOVE).sum(axis=1) - bumps).astype(np.int64),
         bumps=bumps,
-        invalid=invalid.astype(np.int64),
+        invalid=(turns.kind == _KIND_INVALID).sum(axis=1).astype(np.int64),
         optimal_moves=optimal,
         step_budget=budget,
         tag_fraction=tag_frac.astype(np.float64),

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from maze_env import MazeSpecError, generate
+from maze_verifier.errors import MazeVerifierError
 from maze_verifier.score import score_episode, score_path
 from maze_verifier.specs import SPECS, RewardSpecError, get_spec
 
 DESCRIPTION = "Score maze episodes from JSONL and list reward specs."
 
 
-class InputError(ValueError):
+class InputError(MazeVerifierError, ValueError):
     """A JSONL line that cannot be scored."""
 
 
@@ -91,6 +92,12 @@ def score_stream(source: TextIO, out: TextIO, spec: str, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``maze-verifier``.
+
+    Returns:
+        The exit code: 0 when every line was scored, 1 when some were not (each gets an
+        ``error``), 2 for a bad ``--spec`` or a file that cannot be opened.
+    """
     ap = argparse.ArgumentParser(prog="maze-verifier", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="command", required=True)
     sc = sub.add_parser("score", help="score JSONL episodes (see module docs for the line format)")

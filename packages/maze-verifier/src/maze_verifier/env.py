@@ -52,12 +52,9 @@ from maze_env import (
 )
 from maze_env.prompts import feedback_message, image_part, initial_messages, text_part
 from maze_env.render import DEFAULT_STYLE, Renderer, Style
+from maze_verifier.errors import EpisodeOverError, MazeTextEnvConfigError
 from maze_verifier.score import EpisodeScore, score_episode, score_path
 from maze_verifier.specs import RewardSpec, RewardSpecError, get_spec
-
-ENV_CLASS = "maze"
-ENTRY_POINT = "maze_verifier.env:MazeEnv"
-
 
 PATH_SYSTEM_PROMPT = (
     "You are shown a maze as an image. Walls are gray, paths are white, you are the blue circle "
@@ -82,12 +79,8 @@ def path_messages(maze: Maze, renderer: Renderer) -> list[dict[str, Any]]:
     ]
 
 
-class MazeEnvConfigError(ValueError):
-    """An ``env_config`` or dataset row (``extras``) the environment cannot use."""
-
-
 @dataclass(frozen=True, slots=True)
-class MazeEnvConfig:
+class MazeTextEnvConfig:
     """Parsed ``env_config``; see the module docstring for each key."""
 
     reward_spec: RewardSpec = field(default_factory=lambda: get_spec("task"))
@@ -111,15 +104,15 @@ class MazeEnvConfig:
     )
 
     @classmethod
-    def from_any(cls, cfg: object) -> MazeEnvConfig:
+    def from_any(cls, cfg: object) -> MazeTextEnvConfig:
         if cfg is None:
             return cls()
-        if isinstance(cfg, MazeEnvConfig):
+        if isinstance(cfg, MazeTextEnvConfig):
             return cfg
         data = _as_mapping(cfg, "env_config")
         unknown = set(data) - cls.KEYS
         if unknown:
-            raise MazeEnvConfigError(
+            raise MazeTextEnvConfigError(
                 f"env_config has unknown keys {sorted(unknown)}; allowed: {sorted(cls.KEYS)}"
             )
         try:
@@ -130,7 +123,7 @@ class MazeEnvConfig:
                 else spec_value
             )
         except RewardSpecError as e:
-            raise MazeEnvConfigError(f"env_config.reward_spec: {e}") from e
+            raise MazeTextEnvConfigError(f"env_config.reward_spec: {e}") from e
         max_turns = data.get("max_turns")
         return cls(
             reward_spec=spec,
@@ -159,7 +152,7 @@ def _as_mapping(value: object, name: str) -> dict[str, Any]:
     if _is_mapping(value):
         obj = cast(Any, value)
         return {str(k): obj[k] for k in obj.keys()}  # noqa: SIM118 - not every config type iterates keys
-    raise MazeEnvConfigError(f"{name} must be a mapping, got {type(value).__name__}")
+    raise MazeTextEnvConfigError(f"{name} must be a mapping, got {type(value).__name__}")
 
 
 def _mode(value: object) -> Literal["turns", "path"]:
@@ -167,7 +160,7 @@ def _mode(value: object) -> Literal["turns", "path"]:
         return "turns"
     if value == "path":
         return "path"
-    raise MazeEnvConfigError(f"env_config.mode must be 'turns' or 'path', got {value!r}")
+    raise MazeTextEnvConfigError(f"env_config.mode must be 'turns' or 'path', got {value!r}")
 
 
 def _int(value: object, name: str, minimum: int) -> int:
@@ -182,7 +175,7 @@ def _int(value: object, name: str, minimum: int) -> int:
     ):
         out = int(value)
     if out is None or out < minimum:
-        raise MazeEnvConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise MazeTextEnvConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
     return out
 
 
@@ -207,14 +200,14 @@ class MazeTask:
         preset = row.get("preset", info.get("preset"))
         seed = row.get("seed", info.get("seed"))
         if not isinstance(preset, str) or not preset:
-            raise MazeEnvConfigError(
+            raise MazeTextEnvConfigError(
                 f"extras.preset must name a maze spec such as 'easy', got {preset!r}"
             )
         seed_i = _int(seed, "extras.seed", 0)
         try:
             maze = generate(preset, seed_i)
         except MazeSpecError as e:
-            raise MazeEnvConfigError(f"extras.preset/seed: {e}") from e
+            raise MazeTextEnvConfigError(f"extras.preset/seed: {e}") from e
         budget_raw = row.get("step_budget")
         budget = (
             maze.step_budget(slack)
@@ -234,7 +227,7 @@ class MazeTask:
                     expected is not None
                     and _int(expected, "ground_truth.optimal_moves", 0) != maze.optimal_moves
                 ):
-                    raise MazeEnvConfigError(
+                    raise MazeTextEnvConfigError(
                         f"extras.reward_spec.ground_truth.optimal_moves is {expected} but maze {preset!r} "
                         f"seed {seed_i} has {maze.optimal_moves}: the dataset was built by a different generator"
                     )
@@ -242,7 +235,7 @@ class MazeTask:
                 try:
                     spec = get_spec(rs_map["spec"])
                 except RewardSpecError as e:
-                    raise MazeEnvConfigError(f"extras.reward_spec.spec: {e}") from e
+                    raise MazeTextEnvConfigError(f"extras.reward_spec.spec: {e}") from e
         return cls(maze=maze, preset=preset, seed=seed_i, step_budget=budget, reward_spec=spec)
 
 
@@ -260,14 +253,14 @@ def _merged_config(env_config: object, extras: object) -> object:
     return {**base, **_as_mapping(override, "extras.env_config")}
 
 
-class MazeEnv(BaseTextEnv):
+class MazeTextEnv(BaseTextEnv):
     """Multi-turn maze episode for SkyRL. Reward arrives on the final turn, 0 before it."""
 
     def __init__(self, env_config: Any = None, extras: Any = None) -> None:
         super().__init__()
         # A bad trainer-level env_config is an error even where a row overrides the key.
-        MazeEnvConfig.from_any(env_config)
-        self.config = MazeEnvConfig.from_any(_merged_config(env_config, extras))
+        MazeTextEnvConfig.from_any(env_config)
+        self.config = MazeTextEnvConfig.from_any(_merged_config(env_config, extras))
         self.task = MazeTask.from_extras(extras, self.config.slack)
         self.reward_spec = self.task.reward_spec or self.config.reward_spec
         self.maze = self.task.maze
@@ -302,7 +295,7 @@ class MazeEnv(BaseTextEnv):
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         if self.game.done or self.turns >= self.max_turns:
-            raise RuntimeError("episode is over; make a new environment")
+            raise EpisodeOverError("episode is over; make a new environment")
         self.turns += 1
         self.replies.append(action)
         if self.config.mode == "path":
@@ -374,22 +367,3 @@ class MazeEnv(BaseTextEnv):
             "efficiency": s.efficiency,
             "optimal_moves": s.optimal_moves,
         }
-
-
-def register_env(env_class: str = ENV_CLASS) -> str:
-    """Register :class:`MazeEnv` with skyrl-gym as ``env_class``; safe to call repeatedly.
-
-    The entry point is an import string, so Ray workers that only received the registry entry
-    import this module themselves. Raises if ``env_class`` is taken by another environment.
-    """
-    from skyrl_gym.envs.registration import register, registry
-
-    existing = registry.get(env_class)
-    if existing is not None:
-        if existing.entry_point in (ENTRY_POINT, MazeEnv):
-            return env_class
-        raise MazeEnvConfigError(
-            f"skyrl-gym env_class {env_class!r} is already registered to {existing.entry_point!r}"
-        )
-    register(id=env_class, entry_point=ENTRY_POINT)
-    return env_class

@@ -18,15 +18,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from maze_verifier.errors import MazeVerifierError
 from maze_verifier.tags import SFT_TAGS
 
 
-class RewardSpecError(ValueError):
+class RewardSpecError(MazeVerifierError, ValueError):
     """A reward spec name or mapping that cannot be used."""
 
 
 @dataclass(frozen=True, slots=True)
 class RewardSpec:
+    """Weights of the three reward terms (see the module docs) and the tags the format term checks.
+
+    Raises:
+        RewardSpecError: A weight is not a finite number, or a tag is empty or has brackets.
+    """
+
     name: str
     task: float = 1.0
     format: float = 0.0

@@ -1,4 +1,6 @@
-"""``maze-env bench``: our env's reset+render and step, beside VisGym's pygame env.
+"""Our env's reset+render and step, beside VisGym's pygame env.
+
+    cd /work/main && uv run python packages/maze-env/benchmarks/bench_env.py --seconds 1
 
 VisGym's figures were measured on this project's 2-core machines (see shared reference):
 its env needs pygame and its gymnasium fork, so it is not run here; its numbers are quoted.
@@ -6,8 +8,10 @@ its env needs pygame and its gymnasium fork, so it is not run here; its numbers 
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from maze_env.actions import parse_action
@@ -43,6 +47,7 @@ def _step_us(env: MazeEnv, seconds: float) -> float:
 
 
 def run_bench(seconds: float, out: TextIO) -> None:
+    """Write the timing table to ``out``; each measurement runs for about ``seconds``."""
     out.write(f"{'measure':<28}{'mazerl':>12}{'VisGym':>12}{'ratio':>9}\n")
     for preset, (vg_reset, vg_step) in VISGYM_MS.items():
         env = MazeEnv(preset)
@@ -62,3 +67,18 @@ def run_bench(seconds: float, out: TextIO) -> None:
     reply = "<observation>wall above</observation><justification>goal is right</justification><action>right</action>"
     parse = _per_call_us(lambda i: parse_action(reply), seconds)
     out.write(f"{'parse tagged reply (us)':<28}{parse:>12.2f}{'-':>12}{'-':>9}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the timing table to stdout."""
+    parser = argparse.ArgumentParser(
+        description="time reset+render and step against VisGym's figures"
+    )
+    parser.add_argument("--seconds", type=float, default=1.0, help="time budget per measurement")
+    args = parser.parse_args(argv)
+    run_bench(args.seconds, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

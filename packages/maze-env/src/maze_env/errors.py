@@ -1,0 +1,13 @@
+"""The root of every error maze-env raises, so callers can catch the package's errors at once."""
+
+
+class MazeEnvError(Exception):
+    """Base class of maze-env's errors."""
+
+
+class EpisodeOverError(MazeEnvError, RuntimeError):
+    """A turn played after the episode ended."""
+
+
+class ExportError(MazeEnvError, RuntimeError):
+    """A dataset export that cannot run, such as parquet without pyarrow installed."""
