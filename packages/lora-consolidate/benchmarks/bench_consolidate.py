@@ -173,6 +173,7 @@ def _same_output(a: Path, b: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Generate the checkpoint, time each mode in a child process, print and return the figures."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--layers", type=int, default=36)

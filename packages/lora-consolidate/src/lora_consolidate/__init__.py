@@ -1,5 +1,8 @@
-"""Stream FSDP2 / DCP sharded LoRA checkpoints into one PEFT adapter with bounded memory;
-optionally merge it into base weights or reshard the checkpoint for another world size."""
+"""Consolidate FSDP2 / DCP sharded LoRA checkpoints into one PEFT adapter.
+
+Streams the shards with bounded memory; optionally merges the adapter into base weights or
+reshards the checkpoint for another world size.
+"""
 
 from lora_consolidate.consolidate import ConsolidateResult, consolidate
 from lora_consolidate.errors import ConsolidationError, OutputExistsError, ShardError

@@ -2,9 +2,9 @@
 
 ``torch.load(mmap=True)`` gives tensors whose storage lies inside a private mapping of the rank
 file; the mapping tells where in the file each tensor's bytes are. Reading them with ``pread``
-is much faster than page-faulting through the mapping (measured ~15x on the dev VM), and leaves
-no file pages mapped. When the offset cannot be known (not Linux, or a strided view) the bytes
-are copied through the mapping, and then:
+is much faster than page-faulting through the mapping, and leaves no file pages mapped. When the
+offset cannot be known (not Linux, or a strided view) the bytes are copied through the mapping,
+and then:
 
 ``torch.load(mmap=True)`` maps each rank file privately. Touched pages stay resident (and count
 in RSS) until the mapping goes away, so a stream over every tensor would end with RSS equal to the

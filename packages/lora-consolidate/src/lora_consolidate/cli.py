@@ -116,6 +116,7 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``lora-consolidate``; returns 0, or 2 after printing a :class:`ConsolidationError`."""
     args = _parser().parse_args(argv)
     try:
         _run(args)

@@ -26,6 +26,11 @@ VISION_EXCLUDE = r".*visual.*"
 
 @dataclass(frozen=True)
 class ConsolidateResult:
+    """What :func:`consolidate` wrote: where, from which layout and world size, how much, how fast.
+
+    ``vision_tensors_skipped`` counts the vision-tower LoRA tensors left out of the adapter.
+    """
+
     out: Path
     source_kind: str
     world_size: int | None
@@ -172,6 +177,11 @@ def build_adapter_config(
 def load_config_arg(
     adapter_config: Mapping[str, Any] | Path | str | None,
 ) -> Mapping[str, Any] | None:
+    """The ``adapter_config`` argument as a mapping: mappings and None pass through, a path is read.
+
+    Raises:
+        ConsolidationError: The file cannot be read or is not a JSON object.
+    """
     if adapter_config is None or isinstance(adapter_config, Mapping):
         return adapter_config
     path = Path(adapter_config)
@@ -197,8 +207,10 @@ def consolidate(
     world_size: int | None = None,
     overwrite: bool = False,
 ) -> ConsolidateResult:
-    """Write ``out/adapter_model.safetensors`` + ``out/adapter_config.json`` from a sharded
-    checkpoint, holding at most one tensor (and its shards' pages) in memory at a time.
+    """Write ``out/adapter_model.safetensors`` + ``out/adapter_config.json`` from a checkpoint.
+
+    The sharded checkpoint is streamed: at most one tensor (and its shards' pages) is held in
+    memory at a time.
 
     ``adapter_config`` may be a mapping or a JSON file; if omitted, ``adapter_config.json`` is
     looked for in the checkpoint, its ``lora_adapter/`` or its sibling ``lora_adapter/`` (SkyRL

@@ -18,6 +18,7 @@ _VISION_RE = re.compile(r"(?:^|\.)visual\.")
 
 
 def strip_wrappers(key: str) -> str:
+    """``key`` without FSDP1 / activation-checkpoint / torch.compile wrapper tokens."""
     for token in _WRAPPER_TOKENS:
         key = key.replace(token, "")
     return key
@@ -43,6 +44,7 @@ def peft_key(key: str, adapter_name: str = "default") -> str | None:
 
 
 def is_vision_key(key: str) -> bool:
+    """Whether ``key`` is in the vision tower (has a ``visual.`` path component)."""
     return _VISION_RE.search(key) is not None
 
 

@@ -30,6 +30,8 @@ from lora_consolidate.sources import (
 
 @dataclass(frozen=True)
 class ReshardResult:
+    """What :func:`reshard` wrote: output directory, old and new world size, tensors, seconds."""
+
     out: Path
     source_world_size: int | None
     world_size: int
@@ -38,6 +40,11 @@ class ReshardResult:
 
 
 def make_mesh(device_type: str, world_size: int, rank: int) -> Any:
+    """A ``world_size``-rank ``DeviceMesh`` as seen from ``rank``, built without a process group.
+
+    Raises:
+        ConsolidationError: This torch cannot build a mesh without a process group.
+    """
     from torch.distributed.device_mesh import DeviceMesh
 
     try:
@@ -51,6 +58,7 @@ def make_mesh(device_type: str, world_size: int, rank: int) -> Any:
 
 
 def make_dtensor(local: torch.Tensor, mesh: Any, placement: Any, shape: tuple[int, ...]) -> DTensor:
+    """A DTensor of global ``shape`` on ``mesh`` (``placement``) whose local shard is ``local``."""
     from torch.distributed.tensor._dtensor_spec import (  # pyright: ignore[reportPrivateUsage]
         DTensorSpec,
         TensorMeta,

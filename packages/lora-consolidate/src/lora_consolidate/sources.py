@@ -37,6 +37,7 @@ RANK_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
 
 def rank_file_name(world_size: int, rank: int) -> str:
+    """SkyRL's file name for ``rank`` of a ``world_size``-rank checkpoint."""
     return f"model_world_size_{world_size}_rank_{rank}.pt"
 
 
@@ -52,8 +53,9 @@ def shard_box(
     where: Path,
     key: str,
 ) -> tuple[Box, bool]:
-    """Region of the global tensor held by the rank at ``coordinate``, and whether that rank is the
-    primary copy (coordinate 0 along every replicated mesh dim).
+    """Region of the global tensor held by the rank at ``coordinate``, and whether it is primary.
+
+    The primary copy is the one at coordinate 0 along every replicated mesh dim.
 
     Mirrors DTensor's ``Shard(d)`` semantics: ``torch.chunk`` sizes (ceil division, trailing ranks
     may hold empty shards), nested in mesh-dim order.
@@ -394,8 +396,11 @@ class _CachedMetadataReader:
 
 
 class DcpCheckpoint(ShardedCheckpoint):
-    """A ``torch.distributed.checkpoint`` directory, read one tensor at a time without a process
-    group (``dcp.load(no_dist=True)`` into a preallocated tensor)."""
+    """A ``torch.distributed.checkpoint`` directory, read one tensor at a time.
+
+    No process group is needed: each tensor is ``dcp.load(no_dist=True)``-ed into a preallocated
+    tensor.
+    """
 
     kind = "dcp"
 
