@@ -1,20 +1,27 @@
+import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+_HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
-def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+
+def run(
+    *args: str, timeout: int = 900, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "maze_trainer.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -22,6 +29,7 @@ def test_dry_run_prints_the_resolved_config() -> None:
     proc = run("--dry-run", "generator.n_samples_per_prompt=3")
     assert proc.returncode == 0, proc.stderr
     assert "n_samples_per_prompt: 3" in proc.stdout and "local: LocalConfig(" in proc.stdout
+    assert "mazes: MazeDataConfig(train_preset='5x5'" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -29,11 +37,14 @@ def test_dry_run_prints_the_resolved_config() -> None:
     [
         ("trainer.bogus=1", "trainer.bogus"),
         ("local.bogus=1", "local.bogus"),
-        ("local.eval_set=nope", "local.eval_set"),
+        ("mazes.bogus=1", "mazes.bogus"),
+        ("mazes.eval_set=nope", "mazes.eval_set"),
+        ("mazes.reward_spec=shiny", "mazes.reward_spec"),
         ("trainer.resume_mode=sometimes", "resume_mode"),
         # tiny-64's mazes need 4 moves + stop: fewer turns would leave them unsolvable.
         ("generator.max_turns=4", "generator.max_turns: 4 turns cannot finish"),
         ("local.sft_mazes=512", "local.sft_mazes"),
+        ("local.warm_start.steps=-1", "local.warm_start.steps"),
     ],
 )
 def test_config_errors_name_the_key(override: str, needle: str) -> None:
@@ -43,15 +54,13 @@ def test_config_errors_name_the_key(override: str, needle: str) -> None:
 
 
 def test_changed_settings_for_an_existing_run_directory_are_a_config_error(tmp_path: Path) -> None:
-    from maze_engine.config import LocalConfig
-    from maze_engine.skyrl_cluster import load_config
-    from maze_engine.trainer import export_data
+    from maze_engine.config import load_config
+    from maze_engine.data import export_datasets
 
-    cfg, local = load_config("tiny_local", [f"trainer.export_path={tmp_path}"])
-    export_data(cfg, LocalConfig.from_dict(local), tmp_path / "data")
-    proc = run(f"trainer.export_path={tmp_path}", "local.train_preset=7x7")
+    export_datasets(load_config("tiny_local", [f"trainer.export_path={tmp_path}"]))
+    proc = run(f"trainer.export_path={tmp_path}", "mazes.train_preset=7x7")
     assert proc.returncode == 2, proc.stderr
-    assert "maze-train: config error: local.train_preset is '7x7'" in proc.stderr
+    assert "maze-train: config error: mazes.train_preset gives train_preset='7x7'" in proc.stderr
 
 
 def test_not_an_override() -> None:
@@ -63,14 +72,130 @@ def test_skyrl_engine_validates_and_needs_the_gpu_image() -> None:
     proc = run("--engine", "skyrl", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "Qwen3-VL-8B" in proc.stdout
-    proc = run("--engine", "skyrl")
-    assert proc.returncode == 3 and "GPU container image" in proc.stderr
     proc = run("--engine", "skyrl", "--submit", "sagemaker_ray://maze-cluster/default", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert (
         proc.stdout.startswith("ray job submit")
         and "sagemaker_ray://maze-cluster/default" in proc.stdout
     )
+
+
+@pytest.mark.skipif(_HAS_VLLM, reason="vLLM is installed: this is the GPU image")
+def test_skyrl_engine_without_vllm_exits_3_with_the_gpu_image_message(tmp_path: Path) -> None:
+    proc = run("--engine", "skyrl", "--config", "maze_grpo_qwen3vl8b", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "skyrl[fsdp]" in proc.stderr
+    assert "GPU container image" in proc.stderr
+    assert "vllm" in proc.stderr
+    assert not list(tmp_path.iterdir())  # failed before writing anything
+
+
+def test_skyrl_dry_run_prints_the_resolved_config_and_the_datasets() -> None:
+    import yaml
+
+    proc = run("--engine", "skyrl", "--dry-run", "trainer.run_name=dry", "mazes.train_size=64")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout.split("\nmazes: ")[0])
+    assert resolved["trainer"]["ckpt_path"] == "/shared/runs/dry/ckpt"
+    assert resolved["generator"]["max_turns"] == 21
+    assert "mazes" not in resolved and "local" not in resolved  # never handed to SkyRL
+    assert (
+        "mazes: MazeDataConfig(train_preset='easy', train_size=64, eval_set='easy-64', cell_px=25"
+        in proc.stdout
+    )
+    assert "# datasets: /shared/runs/dry/data (slack 4)" in proc.stdout
+
+
+def test_skyrl_config_errors_exit_2_naming_the_key() -> None:
+    proc = run("--engine", "skyrl", "--dry-run", "trainer.polcy.model.path=x")
+    assert proc.returncode == 2
+    assert "config error: trainer.polcy: unknown key" in proc.stderr
+    assert "'trainer.policy'" in proc.stderr
+    proc = run("--engine", "skyrl", "--dry-run", "generator.max_turns=15")
+    assert proc.returncode == 2
+    assert "generator.max_turns: 15 turns cannot finish" in proc.stderr
+    proc = run("--engine", "skyrl", "--dry-run", "--no-such-flag")
+    assert proc.returncode == 2 and "--no-such-flag" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("engine", "config"), [("skyrl", "maze_grpo_qwen3vl8b"), ("local", "tiny_local")]
+)
+def test_submit_dry_run_prints_the_maze_train_job_the_cluster_runs(
+    engine: str, config: str
+) -> None:
+    address = "sagemaker_ray://maze-cluster/default"
+    proc = run("--engine", engine, "--submit", address, "--dry-run", "mazes.train_size=64")
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout.strip().splitlines()[-1])
+    assert argv[:5] == ["ray", "job", "submit", "--address", address]
+    entrypoint = argv[argv.index("--") + 1 :]
+    assert entrypoint == [
+        "maze-train", "--engine", engine, "--config", config, "mazes.train_size=64",
+    ]  # fmt: skip
+    assert f"-- maze-train --engine {engine} --config {config}" in proc.stdout
+    # The job's command is one this CLI accepts: validated here as the cluster would read it.
+    check = run(*entrypoint[1:], "--dry-run")
+    assert check.returncode == 0, check.stderr
+    assert "train_size=64" in check.stdout
+    # A bad key fails here, before anything is submitted.
+    bad = run("--engine", engine, "--submit", address, "--dry-run", "mazes.train_szie=64")
+    assert bad.returncode == 2 and "mazes.train_szie: unknown key" in bad.stderr
+    assert "ray job submit" not in bad.stdout
+
+
+def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    out = tmp_path / "ws"
+    proc = run(
+        "warm-start",
+        "--out",
+        str(out),
+        "local.warm_start.steps=3",
+        "local.warm_start.batch_size=2",
+        "local.warm_start.warmup_steps=1",
+        "local.warm_start.eval_mazes=2",
+        "local.warm_start.max_new_tokens=8",
+        "local.warm_start.eval_every=3",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^before: solve [\d.]+% \(\d/2\)", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^after 3 steps / \d+ s: solve [\d.]+% \(\d/2\)", proc.stdout, re.M)
+    assert f"saved {out}" in proc.stdout
+    report = json.loads((out / "sft_report.json").read_text())
+    assert report["steps_done"] == 3 and len(report["losses"]) == 3
+    assert report["config"]["spec"] == "5x5" and report["config"]["batch_size"] == 2
+    assert [e["step"] for e in report["evals"]] == [3]  # local.warm_start.eval_every
+    from maze_policy.model import load_vlm
+
+    model, _processor = load_vlm(out)
+    assert model is not None
+    # --base continues from a saved model instead of building a fresh one.
+    again = run(
+        "warm-start",
+        "--out",
+        str(tmp_path / "ws2"),
+        "--base",
+        str(out),
+        "local.warm_start.steps=1",
+        "local.warm_start.batch_size=1",
+        "local.warm_start.warmup_steps=1",
+        "local.warm_start.eval_mazes=1",
+        "local.warm_start.max_new_tokens=8",
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not (tmp_path / "ws2" / "_init").exists()
+    assert json.loads((tmp_path / "ws2" / "sft_report.json").read_text())["steps_done"] == 1
+
+
+def test_warm_start_usage_and_config_errors() -> None:
+    proc = run("warm-start", "--out", "x", "local.warm_start.stpes=3")
+    assert proc.returncode == 2
+    assert "maze-train: config error: local.warm_start.stpes: unknown key" in proc.stderr
+    assert "'local.warm_start.steps'" in proc.stderr
+    proc = run("warm-start", "--out", "x", "stray")
+    assert proc.returncode == 2 and "key=value" in proc.stderr
+    proc = run("warm-start")
+    assert proc.returncode == 2 and "--out" in proc.stderr
 
 
 def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
@@ -84,10 +209,10 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
         "trainer.ckpt_interval=1",
         "trainer.eval_interval=0",
         "trainer.eval_before_train=true",
-        "local.slack=0",
-        "local.sft_steps=2",
+        "generator.max_turns=5",  # tiny-64's 4 moves + stop: no slack
+        "local.warm_start.steps=2",
         "local.rollout_workers=0",
-        "local.train_size=4",
+        "mazes.train_size=4",
         "local.progress=false",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -134,9 +259,9 @@ def test_ray_rollout_workers_from_a_relative_run_dir(tmp_path: Path) -> None:
             "trainer.ckpt_interval=2",
             "trainer.eval_interval=0",
             "trainer.eval_before_train=false",
-            "local.sft_steps=2",
+            "local.warm_start.steps=2",
             "local.rollout_workers=2",
-            "local.train_size=4",
+            "mazes.train_size=4",
             "local.progress=false",
         ],
         capture_output=True,

@@ -1,5 +1,6 @@
-"""Throughput of the local engine on its default config: rollout turns/s, tokens/s and update
-time per GRPO step, from the trainer's own metrics (SkyRL names).
+"""Throughput of the local engine on its default config, from the trainer's own metrics.
+
+Rollout turns/s, tokens/s and update time per GRPO step (SkyRL's metric names)::
 
     uv run python packages/maze-engine/benchmarks/bench_train.py --steps 6
 
@@ -15,12 +16,12 @@ import statistics
 import time
 from pathlib import Path
 
-from maze_engine.config import LocalConfig
-from maze_engine.skyrl_cluster import load_config
+from maze_engine.config import load_config
 from maze_engine.trainer import train
 
 
 def main() -> None:
+    """Train ``--steps`` steps and print the median figures."""
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--run", type=Path, default=Path("runs/bench-train"))
@@ -36,7 +37,7 @@ def main() -> None:
         "local.progress=false",
         *args.overrides,
     ]
-    cfg, local = load_config("tiny_local", overrides)
+    config = load_config("tiny_local", overrides)
     # A fresh run each time: drop earlier checkpoints and adapter versions, keep the base model.
     for sub in ("ckpt", "lora_sync", "metrics.jsonl"):
         target = args.run / sub
@@ -47,7 +48,7 @@ def main() -> None:
         elif target.exists():
             target.unlink()
     t0 = time.perf_counter()
-    result = train(cfg, LocalConfig.from_dict(local), say=lambda m: print(m, flush=True))
+    result = train(config, say=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     rows = [
         json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
@@ -64,9 +65,7 @@ def main() -> None:
             "timing/step",
         )
     }
-    print(
-        f"config: tiny_local {' '.join(args.overrides)}  workers={local['rollout_workers'] if 'rollout_workers' in local else LocalConfig().rollout_workers}"
-    )
+    print(f"config: tiny_local {' '.join(args.overrides)}  workers={config.local.rollout_workers}")
     print(
         f"steps measured: {len(steps)} (of {args.steps}; first excluded), wall incl. start-up {wall:.1f} s"
     )

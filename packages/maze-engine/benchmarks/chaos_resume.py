@@ -1,5 +1,6 @@
-"""20 random SIGKILLs of a training run, each followed by a resume; the final adapter is compared
-with an uninterrupted run of the same config and seed.
+"""Chaos test: 20 random SIGKILLs of a training run, each followed by a resume.
+
+The final adapter is compared with an uninterrupted run of the same config and seed::
 
     uv run python packages/maze-engine/benchmarks/chaos_resume.py --kills 20
 
@@ -27,15 +28,14 @@ from pathlib import Path
 
 RUNNER = (
     "import sys\n"
-    "from maze_engine.config import LocalConfig\n"
-    "from maze_engine.skyrl_cluster import load_config\n"
+    "from maze_engine.config import load_config\n"
     "from maze_engine.trainer import train\n"
-    "cfg, local = load_config('tiny_local', sys.argv[1:])\n"
-    "train(cfg, LocalConfig.from_dict(local), say=lambda m: None)\n"
+    "train(load_config('tiny_local', sys.argv[1:]), say=lambda m: None)\n"
 )
 
 
 def overrides(run: Path, base: Path, steps: int) -> list[str]:
+    """The ``tiny_local`` overrides of every run: short, in-process, checkpointing each step."""
     return [
         f"trainer.export_path={run}",
         f"trainer.policy.model.path={base}",
@@ -49,10 +49,10 @@ def overrides(run: Path, base: Path, steps: int) -> list[str]:
         "trainer.eval_before_train=false",
         "trainer.policy.optimizer_config.lr=0.01",
         "local.rollout_workers=0",
-        "local.train_size=16",
+        "mazes.train_size=16",
         "local.progress=false",
         "local.tensorboard=false",
-        "local.reward_spec=visgym_sft",
+        "mazes.reward_spec=visgym_sft",
         # Format credit varies across samples of a barely warm-started model, so advantages are
         # nonzero and the adapter really moves between checkpoints (checked below).
     ]
@@ -66,24 +66,37 @@ def _lines(path: Path) -> int:
 
 
 def digest(run: Path) -> str:
+    """sha256 of a run's final adapter weights."""
     return hashlib.sha256(
         (run / "final_adapter" / "adapter_model.safetensors").read_bytes()
     ).hexdigest()
 
 
 def main() -> None:
+    """Run the reference, then kill and resume until done; exit 0 if the adapters match."""
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", type=Path, default=Path("runs/chaos"))
     args = p.parse_args()
-    from maze_engine.config import LocalConfig
-    from maze_engine.trainer import ensure_base_model
+    from maze_engine.config import load_config
+    from maze_engine.trainer import base_model_dir, prepare_data
 
     shutil.rmtree(args.dir / "reference", ignore_errors=True)
     shutil.rmtree(args.dir / "killed", ignore_errors=True)
-    base = ensure_base_model("tiny-qwen3vl", LocalConfig(sft_steps=3), args.dir, 0, print)
+    # A barely warm-started tiny model under DIR/base_model (reused by later invocations).
+    base_config = load_config(
+        "tiny_local",
+        [
+            f"trainer.export_path={args.dir}",
+            "trainer.eval_before_train=false",
+            "mazes.train_size=16",
+            "local.warm_start.steps=3",
+            "local.progress=false",
+        ],
+    )
+    base = base_model_dir(base_config, prepare_data(base_config), print)
     t0 = time.perf_counter()
     subprocess.run(
         [sys.executable, "-c", RUNNER, *overrides(args.dir / "reference", base, args.steps)],

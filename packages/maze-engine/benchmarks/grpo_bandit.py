@@ -20,24 +20,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from maze_engine.config import load_config
 from maze_engine.grpo import compute_advantages
-from maze_engine.policy import SamplingParams, policy_logprobs
-from maze_engine.rollout import derive_seed
-from maze_engine.skyrl_cluster import load_config
 from maze_engine.trainer import grpo_update
-from maze_engine.workers import load_policy, lora_config_from_skyrl
+from maze_engine.workers import lora_config_from_skyrl
 from maze_env import generate
 from maze_env.actions import Action, parse_action
 from maze_env.prompts import Message, initial_messages
 from maze_env.render import Renderer, token_aligned_style
+from maze_policy.lora import load_policy
+from maze_policy.policy import policy_logprobs
+from maze_policy.sampling import SamplingParams
+from maze_policy.seeds import derive_seed
 
 
 def action_word(text: str) -> str:
+    """The action a reply names, as the env parses it, or ``invalid``."""
     parsed = parse_action(text)
     return parsed.word if isinstance(parsed, Action) else "invalid"
 
 
 def main() -> None:
+    """Run the bandit and print the action counts per step."""
     p = argparse.ArgumentParser(description="GRPO on a one-turn bandit: is the update path sound?")
     p.add_argument("model", type=Path, help="a model directory (e.g. a warm-started base_model)")
     p.add_argument("--target", default="up", choices=["up", "down", "left", "right", "stop"])
@@ -46,7 +50,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    cfg, _local = load_config("tiny_local", [])
+    cfg = load_config("tiny_local", []).skyrl
     algo = cfg.trainer.algorithm
     torch.manual_seed(args.seed)
     policy = load_policy(args.model, lora_config_from_skyrl(cfg.trainer.policy.model.lora), 1)

@@ -20,21 +20,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from maze_engine.config import LocalConfig
+from maze_engine.config import load_config
 from maze_engine.data import read_rows
-from maze_engine.model import load_vlm
-from maze_engine.policy import Policy, SamplingParams
-from maze_engine.rollout import run_episodes
-from maze_engine.skyrl_cluster import load_config
 from maze_engine.trainer import train
 from maze_env import Maze, generate
 from maze_env.actions import Action, parse_action
 from maze_env.export import write_rows
+from maze_policy.model import load_vlm
+from maze_policy.policy import Policy
+from maze_policy.rollout import run_episodes
+from maze_policy.sampling import SamplingParams
 
 PASSAGES = ((1, 2), (2, 1), (2, 3), (3, 2))
 
 
 def layout(maze: Maze) -> str:
+    """A 5x5 maze's layout: start, goal and which of the four passages is walled."""
     walled = next(p for p in PASSAGES if maze.walls[p])
     return f"start {maze.start} goal {maze.goal} wall {walled}"
 
@@ -42,8 +43,10 @@ def layout(maze: Maze) -> str:
 def first_moves(
     policy: Policy, rows: list[dict[str, Any]], samples: int, tokens: int
 ) -> list[collections.Counter[str]]:
-    """First-turn actions of ``samples`` sampled replies (T = 1) per row; ``invalid`` when the
-    env could not parse one."""
+    """First-turn actions of ``samples`` sampled replies (T = 1) per row.
+
+    A reply the env could not parse counts as ``invalid``.
+    """
     reps = [r for r in rows for _ in range(samples)]
     eps = run_episodes(
         policy,
@@ -63,12 +66,14 @@ def first_moves(
 
 
 def greedy_solved(policy: Policy, rows: list[dict[str, Any]], tokens: int) -> list[bool]:
+    """Whether each row's maze is solved by greedy decoding."""
     sampling = SamplingParams(greedy=True, max_new_tokens=tokens)
     eps = run_episodes(policy, rows, sampling=sampling, seed=0)
     return [e.solved for e in eps]
 
 
 def load(base: Path, adapter: Path | None) -> Policy:
+    """The base model, with ``adapter`` (a PEFT directory) on top when given."""
     model, processor = load_vlm(base)
     if adapter is not None:
         from peft import PeftModel
@@ -79,6 +84,7 @@ def load(base: Path, adapter: Path | None) -> Policy:
 
 
 def main() -> None:
+    """Train on the chosen layout and print the before / after figures."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("run", type=Path, help="a main-job run directory (base_model/ and data/)")
     p.add_argument("--steps", type=int, default=10)
@@ -100,7 +106,7 @@ def main() -> None:
     one_row = [val[val_layouts.index(n)] for n in names]  # one eval row per layout
     weight = collections.Counter(val_layouts)
 
-    tokens = int(load_config("tiny_local", [])[0].generator.sampling_params.max_generate_length)
+    tokens = int(load_config("tiny_local", []).skyrl.generator.sampling_params.max_generate_length)
     before = load(base, None)
     solved_before = greedy_solved(before, val, tokens)
     moves_before = first_moves(before, one_row, args.samples, tokens)
@@ -119,7 +125,7 @@ def main() -> None:
     write_rows(keep, out / "data" / "train.parquet")
     shutil.copy(args.run / "data" / "validation.parquet", out / "data" / "validation.parquet")
     print(f"training on {len(keep)} rows of layout: {target}")
-    cfg, local = load_config(
+    config = load_config(
         "tiny_local",
         [
             f"trainer.export_path={out.resolve()}",
@@ -133,7 +139,7 @@ def main() -> None:
             "local.tensorboard=false",
         ],
     )
-    result = train(cfg, LocalConfig.from_dict(local), say=lambda _m: None)
+    result = train(config, say=lambda _m: None)
     steps = " ".join(f"{h['reward/avg_pass_at_1']:.2f}" for h in result.history)
     print(f"sampled solve rate on the trained layout, per step: {steps}")
 

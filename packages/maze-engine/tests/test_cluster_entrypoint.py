@@ -1,69 +1,37 @@
-"""The Ray entrypoint and the `ray job submit` command for HyperPod."""
+"""The SkyRL cluster path's entry (``maze_engine.cluster``) and the `ray job submit` command that
+runs ``maze-train`` on HyperPod."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from maze_engine.skyrl_cluster import (
-    EXIT_CONFIG_ERROR,
-    EXIT_NEEDS_GPU_IMAGE,
-    REFERENCE_CONFIG,
-    GpuImageRequiredError,
-    SkyRLConfigError,
-    build_submit_command,
-    main,
-    require_gpu_stack,
-)
+from maze_engine.cluster import require_gpu_stack, run_training
+from maze_engine.config import REFERENCE_CONFIG, TINY_LOCAL_CONFIG, load_config
+from maze_engine.errors import ConfigError, GpuImageRequiredError
+from maze_engine.submit import build_submit_command
 
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @pytest.mark.skipif(_HAS_VLLM, reason="vLLM is installed: this is the GPU image")
-def test_entrypoint_without_vllm_exits_with_the_gpu_image_message(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "maze_engine.skyrl_cluster", "--config", REFERENCE_CONFIG],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert proc.returncode == EXIT_NEEDS_GPU_IMAGE, proc.stderr
-    assert "skyrl[fsdp]" in proc.stderr
-    assert "GPU container image" in proc.stderr
-    assert "vllm" in proc.stderr
-    assert not list(tmp_path.iterdir())  # failed before writing anything
-    with pytest.raises(GpuImageRequiredError, match="--dry-run"):
+def test_training_without_vllm_raises_the_gpu_image_error_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(GpuImageRequiredError, match="--dry-run") as e:
         require_gpu_stack()
-
-
-def test_dry_run_prints_the_resolved_skyrl_config(capsys: pytest.CaptureFixture[str]) -> None:
-    import yaml
-
-    code = main(["--dry-run", "--config", REFERENCE_CONFIG, "trainer.run_name=dry"])
-    out = capsys.readouterr().out
-    assert code == 0
-    resolved = yaml.safe_load(out)
-    assert resolved["trainer"]["ckpt_path"] == "/shared/runs/dry/ckpt"
-    assert resolved["generator"]["max_turns"] == 21
-    assert "# datasets: /shared/runs/dry/data (eval easy-64, slack 4)" in out
-
-
-def test_config_errors_exit_2_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--dry-run", "trainer.polcy.model.path=x"]) == EXIT_CONFIG_ERROR
-    err = capsys.readouterr().err
-    assert "config error: trainer.polcy: unknown key" in err
-    assert "'trainer.policy'" in err
-    assert main(["--dry-run", "generator.max_turns=15"]) == EXIT_CONFIG_ERROR
-    assert "generator.max_turns: 15 turns cannot finish" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["--dry-run", "--no-such-flag"])
+    assert "skyrl[fsdp]" in str(e.value) and "GPU container image" in str(e.value)
+    assert "vllm" in str(e.value)
+    data = tmp_path / "data"
+    config = load_config(
+        REFERENCE_CONFIG,
+        [f"data.train_data=[{data}/train.parquet]", f"data.val_data=[{data}/validation.parquet]"],
+    )
+    assert config.data_dir == data
+    with pytest.raises(GpuImageRequiredError, match="maze-train --engine skyrl --submit"):
+        run_training(config)
+    assert not list(tmp_path.iterdir())  # failed before exporting the datasets
 
 
 def _submit_params(argv: list[str]) -> dict[str, object]:
@@ -78,12 +46,13 @@ def _submit_params(argv: list[str]) -> dict[str, object]:
 def test_submit_command_for_hyperpod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAZERL_SFT_CHECKPOINT", "/shared/models/visgym-sft")
     monkeypatch.delenv("MAZERL_RUN", raising=False)
-    overrides = ["trainer.run_name=hp1", "trainer.epochs=10"]
+    # Dataset settings are config keys now (the old --train-size flag is mazes.train_size).
+    overrides = ["trainer.run_name=hp1", "trainer.epochs=10", "mazes.train_size=128"]
     argv = build_submit_command(
         REFERENCE_CONFIG,
         overrides,
         "sagemaker_ray://maze-raycluster/mazerl",
-        entrypoint_args=["--train-size", "256"],
+        entrypoint_args=["--dry-run"],
         env_vars={"WANDB_MODE": "offline"},
         no_wait=True,
     )
@@ -99,8 +68,23 @@ def test_submit_command_for_hyperpod(monkeypatch: pytest.MonkeyPatch) -> None:
         }
     }
     assert params["entrypoint"] == (
-        "python", "-m", "maze_engine.skyrl_cluster", "--config", REFERENCE_CONFIG,
-        "--train-size", "256", *overrides,
+        "maze-train", "--engine", "skyrl", "--config", REFERENCE_CONFIG, "--dry-run", *overrides,
+    )  # fmt: skip
+
+
+def test_submit_command_for_the_local_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAZERL_RUN", raising=False)
+    monkeypatch.delenv("MAZERL_SFT_CHECKPOINT", raising=False)
+    argv = build_submit_command(
+        TINY_LOCAL_CONFIG, ["local.rollout_workers=4"], "127.0.0.1:8265", engine="local"
+    )
+    params = _submit_params(argv)
+    assert params["no_wait"] is False
+    assert json.loads(str(params["runtime_env_json"])) == {
+        "env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+    }
+    assert params["entrypoint"] == (
+        "maze-train", "--engine", "local", "--config", TINY_LOCAL_CONFIG, "local.rollout_workers=4",
     )  # fmt: skip
 
 
@@ -116,19 +100,28 @@ def test_submit_command_accepts_ray_dashboard_addresses(tmp_path: Path) -> None:
     ["", "sagemaker_ray://Upper/ns", "sagemaker_ray://only-cluster", "ray job", "ftp://x:1"],
 )
 def test_submit_command_rejects_bad_addresses(address: str) -> None:
-    with pytest.raises(SkyRLConfigError, match="not a Ray job address") as e:
+    with pytest.raises(ConfigError, match="not a Ray job address") as e:
         build_submit_command(REFERENCE_CONFIG, [], address)
     assert e.value.key == "address"
 
 
 def test_submit_command_checks_config_before_submitting() -> None:
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         build_submit_command(REFERENCE_CONFIG, ["trainer.stratgy=fsdp"], "127.0.0.1:8265")
     assert e.value.key == "trainer.stratgy"
-    with pytest.raises(SkyRLConfigError, match="absolute path") as e:
+    # The mazes: and local: sections are checked too.
+    with pytest.raises(ConfigError) as e:
+        build_submit_command(REFERENCE_CONFIG, ["mazes.eval_set=medium-64"], "127.0.0.1:8265")
+    assert e.value.key == "mazes.eval_set"
+    with pytest.raises(ConfigError) as e:
+        build_submit_command(
+            TINY_LOCAL_CONFIG, ["local.sft_steps=3"], "127.0.0.1:8265", engine="local"
+        )
+    assert e.value.key == "local.sft_steps"
+    with pytest.raises(ConfigError, match="absolute path") as e:
         build_submit_command("configs/mine.yaml", [], "127.0.0.1:8265")
     assert e.value.key == "config"
-    with pytest.raises(SkyRLConfigError, match="not key=value"):
+    with pytest.raises(ConfigError, match="not key=value"):
         build_submit_command(REFERENCE_CONFIG, ["trainer.epochs"], "127.0.0.1:8265", validate=False)
 
 

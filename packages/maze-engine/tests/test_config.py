@@ -1,4 +1,5 @@
-"""Shipped configs and overrides, built and validated by SkyRL's own config classes."""
+"""Shipped configs and overrides: SkyRL's sections built and validated by SkyRL's own config
+classes, the ``mazes:`` and ``local:`` sections by the same checker, every error naming its key."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from maze_engine.skyrl_cluster import (
+from maze_engine.config import (
     LOCAL_KEY,
+    MAZES_KEY,
     REFERENCE_CONFIG,
     TINY_LOCAL_CONFIG,
-    SkyRLConfigError,
-    eval_slack,
+    LocalConfig,
+    MazeDataConfig,
+    WarmStartConfig,
     load_config,
     resolve_config_path,
     shipped_configs,
 )
+from maze_engine.data import eval_slack
+from maze_engine.errors import ConfigError, MazeEngineError
 from maze_env import DEFAULT_SLACK, get_eval_set
 
 
@@ -28,9 +33,18 @@ def _no_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_reference_config_carries_the_reference_settings() -> None:
     from skyrl.train.config import SkyRLTrainConfig
 
-    cfg, local = load_config(REFERENCE_CONFIG)
+    config = load_config(REFERENCE_CONFIG)
+    cfg = config.skyrl
     assert isinstance(cfg, SkyRLTrainConfig)
-    assert local == {}
+    assert config.local == LocalConfig()  # no `local:` section: the local engine's defaults
+    assert config.mazes == MazeDataConfig(
+        train_preset="easy",
+        train_size=256,
+        eval_set="easy-64",
+        cell_px=25,
+        reward_spec="visgym_sft",
+    )
+    assert config.source == resolve_config_path(REFERENCE_CONFIG)
     t, g = cfg.trainer, cfg.generator
     run = "/shared/runs/maze-grpo-qwen3vl8b"
     lora = t.policy.model.lora
@@ -57,6 +71,7 @@ def test_reference_config_carries_the_reference_settings() -> None:
     assert t.export_path == run
     assert cfg.data.train_data == [f"{run}/data/train.parquet"]
     assert cfg.data.val_data == [f"{run}/data/validation.parquet"]
+    assert config.data_dir == Path(f"{run}/data")
     assert cfg.environment.env_class == "maze"
     # What SkyRL 0.4's VLM generator requires.
     assert g.vision_language_generator and g.use_conversation_multi_turn
@@ -68,34 +83,40 @@ def test_reference_config_carries_the_reference_settings() -> None:
 
 
 def test_reference_max_turns_fits_every_easy_64_maze() -> None:
-    cfg, _ = load_config(REFERENCE_CONFIG)
+    config = load_config(REFERENCE_CONFIG)
     worst = max(m.optimal_moves for m in get_eval_set("easy-64").mazes)
-    assert cfg.generator.max_turns == worst + 1 + DEFAULT_SLACK
-    assert eval_slack(cfg.generator.max_turns, "easy-64") == DEFAULT_SLACK
+    assert config.max_turns == config.skyrl.generator.max_turns == worst + 1 + DEFAULT_SLACK
+    assert eval_slack(config.max_turns, "easy-64") == DEFAULT_SLACK
     # VisGym's 15 turns cannot finish the 16-move mazes.
-    with pytest.raises(SkyRLConfigError, match=r"generator\.max_turns") as e:
+    with pytest.raises(ConfigError, match=r"generator\.max_turns") as e:
         eval_slack(15, "easy-64")
     assert e.value.key == "generator.max_turns"
-    with pytest.raises(SkyRLConfigError, match="unknown eval set") as e:
+    with pytest.raises(ConfigError, match="unknown eval set") as e:
         eval_slack(21, "medium-64")
-    assert e.value.key == "eval_set"
+    assert e.value.key == "mazes.eval_set"
+    # load_config checks the same, so a config whose eval mazes cannot be finished never loads.
+    with pytest.raises(ConfigError, match="15 turns cannot finish") as e:
+        load_config(REFERENCE_CONFIG, ["generator.max_turns=15"])
+    assert e.value.key == "generator.max_turns"
 
 
 def test_sft_checkpoint_variable_and_run_name_override_move_every_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MAZERL_SFT_CHECKPOINT", "/shared/models/visgym-sft")
-    cfg, _ = load_config(REFERENCE_CONFIG, ["trainer.run_name=exp2", "trainer.epochs=3"])
+    config = load_config(REFERENCE_CONFIG, ["trainer.run_name=exp2", "trainer.epochs=3"])
+    cfg = config.skyrl
     assert cfg.trainer.policy.model.path == "/shared/models/visgym-sft"
     assert cfg.trainer.ref.model.path == "/shared/models/visgym-sft"
     assert cfg.trainer.epochs == 3
     assert cfg.trainer.ckpt_path == "/shared/runs/exp2/ckpt"
     assert cfg.trainer.policy.model.lora.lora_sync_path == "/shared/runs/exp2/lora_sync"
     assert cfg.data.val_data == ["/shared/runs/exp2/data/validation.parquet"]
+    assert config.data_dir == Path("/shared/runs/exp2/data")
 
 
 def test_overrides_reach_nested_and_dict_fields() -> None:
-    cfg, _ = load_config(
+    cfg = load_config(
         REFERENCE_CONFIG,
         [
             "generator.n_samples_per_prompt=12",
@@ -104,7 +125,7 @@ def test_overrides_reach_nested_and_dict_fields() -> None:
             "trainer.resume_mode=null",
             "data.val_data=[/shared/a.parquet,/shared/b.parquet]",
         ],
-    )
+    ).skyrl
     assert cfg.generator.n_samples_per_prompt == 12
     assert cfg.trainer.policy.model.lora.rank == 16
     assert cfg.generator.inference_engine.engine_init_kwargs == {"max_model_len": 8192}
@@ -112,30 +133,88 @@ def test_overrides_reach_nested_and_dict_fields() -> None:
     assert cfg.data.val_data == ["/shared/a.parquet", "/shared/b.parquet"]
 
 
-def test_tiny_local_config_validates_and_keeps_local_section_out_of_skyrl() -> None:
-    cfg, local = load_config(TINY_LOCAL_CONFIG, ["local.note=hello", "local.steps=3"])
-    assert local == {
-        "rollout_workers": 2,
-        "train_preset": "5x5",
-        "eval_set": "tiny-64",
-        "slack": 2,
-        "sft_steps": 600,
-        "note": "hello",
-        "steps": 3,
-    }
-    assert not hasattr(cfg, LOCAL_KEY)
+def test_tiny_local_config_validates_and_keeps_its_own_sections_out_of_skyrl() -> None:
+    config = load_config(
+        TINY_LOCAL_CONFIG, ["local.warm_start.steps=3", "local.warm_start.max_seconds=30"]
+    )
+    assert config.mazes == MazeDataConfig(
+        train_preset="5x5",
+        eval_set="tiny-64",
+        cell_px=32,
+        reward_spec="task",
+        allow_eval_overlap=True,
+    )
+    assert config.local == LocalConfig(
+        rollout_workers=2, warm_start=WarmStartConfig(steps=3, max_seconds=30)
+    )
+    cfg = config.skyrl
+    assert not hasattr(cfg, LOCAL_KEY) and not hasattr(cfg, MAZES_KEY)
     assert cfg.generator.n_samples_per_prompt == 8
     assert cfg.trainer.policy.model.lora.rank == 8
     assert cfg.trainer.train_batch_size == 4
     assert cfg.environment.env_class == "maze"
-    # The local engine's eval set and slack (its `local:` settings or their defaults) give every
-    # eval maze a budget of at most generator.max_turns, exactly as on the cluster.
-    from maze_engine.config import LocalConfig
-
-    defaults = LocalConfig()
-    eval_set = local.get("eval_set", defaults.eval_set)
-    assert eval_slack(cfg.generator.max_turns, eval_set) == local.get("slack", defaults.slack)
+    # The eval set's slack is derived from generator.max_turns: every eval maze gets a budget of
+    # at most max_turns, exactly as on the cluster (tiny-64: 4 moves + stop + 2 = 7).
+    assert eval_slack(config.max_turns, config.mazes.eval_set) == 2
     assert TINY_LOCAL_CONFIG in shipped_configs() and REFERENCE_CONFIG in shipped_configs()
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "fragment"),
+    [
+        ("local.note=hello", "local.note", "unknown key, not in mazerl's config"),
+        ("local.sft_steps=3", "local.sft_steps", "unknown key"),  # now local.warm_start.steps
+        ("local.slack=2", "local.slack", "unknown key"),  # derived from generator.max_turns
+        ("local.train_preset=7x7", "local.train_preset", "unknown key"),  # now mazes.*
+        ("local.warm_start.stpes=3", "local.warm_start.stpes", "'local.warm_start.steps'"),
+        ("mazes.train_szie=8", "mazes.train_szie", "'mazes.train_size'"),
+        ("local.rollout_workers=-1", "local.rollout_workers", "must be an int >= 0"),
+        ("local.torch_threads=two", "local.torch_threads", "is not an int"),
+        ("local.prometheus_port=70000", "local.prometheus_port", "port number"),
+        ("local.warm_start.steps=-1", "local.warm_start.steps", "must be an int >= 0"),
+        ("local.warm_start.lr=0", "local.warm_start.lr", "must be > 0"),
+        ("local.warm_start.max_seconds=0", "local.warm_start.max_seconds", "> 0 or null"),
+        ("local.tiny_model.hidden_sizee=8", "local.tiny_model.hidden_sizee", "unknown key"),
+        ("mazes.train_size=0", "mazes.train_size", "must be an int >= 1"),
+        ("mazes.cell_px=2", "mazes.cell_px", "must be an int >= 4"),
+        ("mazes.train_preset=huge", "mazes.train_preset", "huge"),
+        ("mazes.allow_eval_overlap=3", "mazes.allow_eval_overlap", "3 is not a bool"),
+    ],
+)
+def test_local_and_mazes_errors_name_the_key_and_where_it_was_set(
+    override: str, key: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY_LOCAL_CONFIG, [override])
+    assert e.value.key == key
+    assert str(e.value).startswith(f"{key}: ")
+    assert fragment in str(e.value)
+    assert e.value.source == f"override {override.split('=', maxsplit=1)[0]}=..."
+    assert isinstance(e.value, MazeEngineError) and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "allowed"),
+    [
+        ("mazes.eval_set=medium-64", "mazes.eval_set", "easy-64"),
+        ("mazes.reward_spec=shiny", "mazes.reward_spec", "visgym_sft"),
+    ],
+)
+def test_mazes_choices_name_the_allowed_values(override: str, key: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY_LOCAL_CONFIG, [override])
+    assert e.value.key == key
+    assert e.value.allowed is not None and allowed in e.value.allowed
+    assert "allowed values:" in str(e.value)
+
+
+def test_bad_value_in_the_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("mazes:\n  train_size: 0\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == "mazes.train_size"
+    assert e.value.source == str(path)
 
 
 def test_yaml_may_use_dotted_keys(tmp_path: Path) -> None:
@@ -146,14 +225,18 @@ def test_yaml_may_use_dotted_keys(tmp_path: Path) -> None:
         "trainer:\n  train_batch_size: 8\n  policy_mini_batch_size: 8\n"
         "trainer.placement.colocate_all: false\n"
         "generator.n_samples_per_prompt: 2\n"
-        "local:\n  threads: 2\n",
+        "generator.max_turns: 21\n"  # easy-64, the default eval set, needs 17
+        "mazes.train_size: 16\n"
+        "local:\n  torch_threads: 2\n  warm_start.steps: 5\n",
         encoding="utf-8",
     )
-    cfg, local = load_config(path)
+    config = load_config(path)
+    cfg = config.skyrl
     assert (cfg.trainer.epochs, cfg.trainer.train_batch_size) == (7, 8)
     assert not cfg.trainer.placement.colocate_all
     assert cfg.generator.n_samples_per_prompt == 2
-    assert local == {"threads": 2}
+    assert config.mazes == MazeDataConfig(train_size=16)
+    assert config.local == LocalConfig(torch_threads=2, warm_start=WarmStartConfig(steps=5))
 
 
 @pytest.mark.parametrize(
@@ -166,11 +249,12 @@ def test_yaml_may_use_dotted_keys(tmp_path: Path) -> None:
             "'trainer.policy.model.lora.rank'",
         ),
         ("generator.max_turn=5", "generator.max_turn", "'generator.max_turns'"),
-        ("foo=1", "foo", "local:"),
+        ("foo=1", "foo", "'mazes:'"),
+        ("foo=1", "foo", "'local:'"),
     ],
 )
 def test_unknown_key_is_named_with_suggestions(override: str, key: str, hint: str) -> None:
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(REFERENCE_CONFIG, [override])
     assert e.value.key == key
     assert str(e.value).startswith(f"{key}: unknown key")
@@ -202,7 +286,7 @@ def test_unknown_key_is_named_with_suggestions(override: str, key: str, hint: st
 def test_bad_choice_names_key_and_allowed_values(
     override: str, key: str, allowed: tuple[object, ...]
 ) -> None:
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(REFERENCE_CONFIG, [override])
     assert e.value.key == key
     assert e.value.allowed == allowed
@@ -212,7 +296,7 @@ def test_bad_choice_names_key_and_allowed_values(
 def test_registry_choices_come_from_skyrl() -> None:
     from skyrl.backends.skyrl_train.utils.ppo_utils import AdvantageEstimatorRegistry
 
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(REFERENCE_CONFIG, ["trainer.algorithm.advantage_estimator=ppo2"])
     assert e.value.key == "trainer.algorithm.advantage_estimator"
     assert e.value.allowed is not None
@@ -231,7 +315,7 @@ def test_registry_choices_come_from_skyrl() -> None:
     ],
 )
 def test_wrong_type_names_key(override: str, key: str, message: str) -> None:
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(REFERENCE_CONFIG, [override])
     assert e.value.key == key
     assert message in str(e.value)
@@ -246,7 +330,7 @@ def test_wrong_type_names_key(override: str, key: str, message: str) -> None:
     ],
 )
 def test_vlm_generator_requirements(override: str, key: str) -> None:
-    with pytest.raises(SkyRLConfigError, match="vision_language_generator") as e:
+    with pytest.raises(ConfigError, match="vision_language_generator") as e:
         load_config(REFERENCE_CONFIG, [override])
     assert e.value.key == key
 
@@ -264,38 +348,43 @@ def test_vlm_generator_requirements(override: str, key: str) -> None:
     ],
 )
 def test_skyrl_validate_cfg_errors_are_attributed(override: str, key: str, fragment: str) -> None:
-    with pytest.raises(SkyRLConfigError, match="validate_cfg") as e:
+    with pytest.raises(ConfigError, match="validate_cfg") as e:
         load_config(REFERENCE_CONFIG, [override])
     assert e.value.key == key
     assert fragment in str(e.value)
     # Without SkyRL's cross-field validation the same config builds.
-    cfg, _ = load_config(REFERENCE_CONFIG, [override], validate=False)
-    assert cfg.trainer.strategy == "fsdp"
+    config = load_config(REFERENCE_CONFIG, [override], validate=False)
+    assert config.skyrl.trainer.strategy == "fsdp"
 
 
 def test_bad_files_and_overrides(tmp_path: Path) -> None:
-    with pytest.raises(SkyRLConfigError, match="not found") as e:
+    with pytest.raises(ConfigError, match="not found") as e:
         load_config(tmp_path / "nope.yaml")
     assert e.value.allowed is not None and REFERENCE_CONFIG in e.value.allowed
     broken = tmp_path / "broken.yaml"
     broken.write_text("trainer: [unclosed\n", encoding="utf-8")
-    with pytest.raises(SkyRLConfigError, match="cannot read config") as e:
+    with pytest.raises(ConfigError, match="cannot read config") as e:
         load_config(broken)
     assert str(broken) in str(e.value)
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n", encoding="utf-8")
-    with pytest.raises(SkyRLConfigError, match="top level must be a mapping"):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(listy)
     bad_local = tmp_path / "local.yaml"
     bad_local.write_text("local: 3\n", encoding="utf-8")
-    with pytest.raises(SkyRLConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(bad_local)
     assert e.value.key == LOCAL_KEY
+    bad_mazes = tmp_path / "mazes.yaml"
+    bad_mazes.write_text("mazes: [easy]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="must be a mapping") as e:
+        load_config(bad_mazes)
+    assert e.value.key == MAZES_KEY
     missing_env = tmp_path / "env.yaml"
     missing_env.write_text(
         "trainer:\n  run_name: ${oc.env:MAZERL_SURELY_UNSET_VAR}\n", encoding="utf-8"
     )
-    with pytest.raises(SkyRLConfigError, match="MAZERL_SURELY_UNSET_VAR") as e:
+    with pytest.raises(ConfigError, match="MAZERL_SURELY_UNSET_VAR") as e:
         load_config(missing_env)
     assert e.value.key == "trainer.run_name"
     for override, fragment in [
@@ -303,7 +392,7 @@ def test_bad_files_and_overrides(tmp_path: Path) -> None:
         ("+trainer.new_key=1", "not supported"),
         ("trainer..epochs=1", "not a dotted key"),
     ]:
-        with pytest.raises(SkyRLConfigError, match=fragment):
+        with pytest.raises(ConfigError, match=fragment):
             load_config(REFERENCE_CONFIG, [override])
 
 

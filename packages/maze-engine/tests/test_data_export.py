@@ -1,23 +1,22 @@
-"""Datasets for the cluster: exported by maze-env, read by SkyRL's loader, played by the env."""
+"""The one dataset exporter of both engines: rows maze-env builds, SkyRL's loader reads and the
+maze env plays; reused while its manifest matches the ``mazes:`` settings, an error naming the key
+when they changed for an existing run directory, and the user's own files taken as they are."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from maze_engine.skyrl_cluster import (
-    DATA_MANIFEST,
-    TINY_LOCAL_CONFIG,
-    SkyRLConfigError,
-    eval_slack,
-    load_config,
-    prepare_datasets,
-    register_maze_env,
-)
+from maze_engine.config import TINY_LOCAL_CONFIG, MazerlConfig, load_config
+from maze_engine.data import DATA_MANIFEST, MazeDatasets, eval_slack, export_datasets, read_rows
+from maze_engine.errors import ConfigError
 from maze_env import Direction, generate, get_eval_set
+from maze_env import __version__ as maze_env_version
 from maze_env.actions import Action
+from maze_verifier import register_env
 
 # HF datasets forks a helper while torch's threads exist; harmless here, noisy in the log.
 pytestmark = pytest.mark.filterwarnings(
@@ -25,7 +24,16 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 TRAIN_SIZE = 8
-EASY_64_TURNS = ["generator.max_turns=21"]  # 16 moves + stop + 4: finishes every easy-64 maze
+# The cluster's datasets (easy mazes, easy-64, VisGym's SFT reward), with a budget that finishes
+# easy-64: 16 moves + stop + 4.
+CLUSTER_MAZES = [
+    "generator.max_turns=21",
+    "mazes.train_preset=easy",
+    "mazes.eval_set=easy-64",
+    "mazes.reward_spec=visgym_sft",
+    "mazes.allow_eval_overlap=false",
+    f"mazes.train_size={TRAIN_SIZE}",
+]
 SFT_REPLY = "<observation>blue at {pos}</observation><justification>path</justification>{action}"
 
 # A chat template shaped like Qwen-VL's: content may be a list of text / image parts.
@@ -37,6 +45,10 @@ _TEMPLATE = (
     "{%- endfor %}{% endif %} <|im_end|>\n{% endfor -%}"
     "{%- if add_generation_prompt %}<|im_start|> assistant{% endif %}"
 )
+
+
+def _config(run: Path, *overrides: str) -> MazerlConfig:
+    return load_config(TINY_LOCAL_CONFIG, [f"trainer.export_path={run}", *overrides])
 
 
 def _tokenizer() -> Any:
@@ -60,11 +72,9 @@ def _tokenizer() -> Any:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    # These tests export easy-64 (the cluster's eval set): give it a budget that finishes it.
-    cfg, _ = load_config(TINY_LOCAL_CONFIG, EASY_64_TURNS)
-    out = tmp_path_factory.mktemp("shared") / "runs" / "t" / "data"
-    return cfg, prepare_datasets(cfg, out, train_size=TRAIN_SIZE)
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[MazerlConfig, MazeDatasets]:
+    config = _config(tmp_path_factory.mktemp("shared") / "runs" / "t", *CLUSTER_MAZES)
+    return config, export_datasets(config)
 
 
 def _skyrl_rows(path: Path, max_prompt_length: int) -> Any:
@@ -78,18 +88,38 @@ def _skyrl_rows(path: Path, max_prompt_length: int) -> Any:
     )
 
 
-def test_prepare_datasets_points_skyrl_config_at_the_files(exported: tuple[Any, Any]) -> None:
-    cfg, ds = exported
-    assert ds.train.is_file() and ds.validation.is_file() and ds.manifest.name == DATA_MANIFEST
-    assert cfg.data.train_data == [str(ds.train)]
-    assert cfg.data.val_data == [str(ds.validation)]
-    assert ds.slack == eval_slack(cfg.generator.max_turns, "easy-64")
-    assert ds.max_step_budget == cfg.generator.max_turns
+def test_export_writes_the_files_the_config_names_with_a_manifest(
+    exported: tuple[MazerlConfig, MazeDatasets],
+) -> None:
+    config, ds = exported
+    cfg = config.skyrl
+    assert ds.train.is_file() and ds.validation.is_file()
+    assert ds.manifest is not None and ds.manifest.name == DATA_MANIFEST
+    assert ds.manifest.parent == config.data_dir
+    assert [str(ds.train)] == cfg.data.train_data
+    assert [str(ds.validation)] == cfg.data.val_data
+    assert ds.slack == eval_slack(cfg.generator.max_turns, "easy-64") == 4
     assert not ds.reused
+    # Everything that decides the files' bytes, so a resumed run (or the other engine) can tell.
+    assert json.loads(ds.manifest.read_text()) == {
+        "format": 2,
+        "maze_env": maze_env_version,
+        "train_preset": "easy",
+        "train_size": TRAIN_SIZE,
+        "eval_set": "easy-64",
+        "cell_px": 32,
+        "reward_spec": "visgym_sft",
+        "allow_eval_overlap": False,
+        "slack": 4,
+        "eval_reward_spec": "task",
+    }
 
 
-def test_skyrl_prompt_dataset_reads_the_validation_split(exported: tuple[Any, Any]) -> None:
-    cfg, ds = exported
+def test_skyrl_prompt_dataset_reads_the_validation_split(
+    exported: tuple[MazerlConfig, MazeDatasets],
+) -> None:
+    config, ds = exported
+    cfg = config.skyrl
     rows = _skyrl_rows(ds.validation, cfg.trainer.max_prompt_length)
     es = get_eval_set("easy-64")
     assert len(rows) == len(es.seeds)
@@ -108,8 +138,11 @@ def test_skyrl_prompt_dataset_reads_the_validation_split(exported: tuple[Any, An
     assert max(budgets) == cfg.generator.max_turns
 
 
-def test_skyrl_prompt_dataset_reads_the_train_split(exported: tuple[Any, Any]) -> None:
-    cfg, ds = exported
+def test_skyrl_prompt_dataset_reads_the_train_split(
+    exported: tuple[MazerlConfig, MazeDatasets],
+) -> None:
+    config, ds = exported
+    cfg = config.skyrl
     rows = _skyrl_rows(ds.train, cfg.trainer.max_prompt_length)
     assert len(rows) == TRAIN_SIZE
     eval_seeds = set(get_eval_set("easy-64").seeds)
@@ -122,33 +155,84 @@ def test_skyrl_prompt_dataset_reads_the_train_split(exported: tuple[Any, Any]) -
     assert len(_skyrl_rows(ds.train, 5)) == 0
 
 
-def test_prepare_datasets_reuses_matching_files_and_rebuilds_changed_ones(
-    exported: tuple[Any, Any],
+def test_export_reuses_matching_files_and_refuses_changed_ones(
+    exported: tuple[MazerlConfig, MazeDatasets],
 ) -> None:
-    cfg, ds = exported
+    config, ds = exported
     before = ds.train.stat().st_mtime_ns
-    again = prepare_datasets(cfg, ds.train.parent, train_size=TRAIN_SIZE)
-    assert again.reused and ds.train.stat().st_mtime_ns == before
-    other = prepare_datasets(cfg, ds.train.parent, train_size=TRAIN_SIZE, train_reward_spec="task")
+    again = export_datasets(config)
+    assert again.reused and again == MazeDatasets(
+        ds.train, ds.validation, ds.manifest, ds.slack, reused=True
+    )
+    assert ds.train.stat().st_mtime_ns == before
+    # Another reward spec for the same run directory: refused, naming the key, files untouched.
+    run = config.skyrl.trainer.export_path
+    task = _config(Path(run), *CLUSTER_MAZES, "mazes.reward_spec=task")
+    with pytest.raises(ConfigError, match=r"mazes\.reward_spec gives reward_spec='task' but") as e:
+        export_datasets(task)
+    assert "'visgym_sft'" in str(e.value) and str(config.data_dir) in str(e.value)
+    assert ds.train.stat().st_mtime_ns == before
+    # A changed max_turns changes every budget: the error names the key that sets the slack.
+    longer = _config(Path(run), *CLUSTER_MAZES, "generator.max_turns=22")
+    with pytest.raises(ConfigError, match=r"generator\.max_turns gives slack=5 but"):
+        export_datasets(longer)
+    # overwrite=True rebuilds them with the new settings.
+    other = export_datasets(task, overwrite=True)
     assert not other.reused
-    rows = _skyrl_rows(other.train, cfg.trainer.max_prompt_length)
+    rows = _skyrl_rows(other.train, config.skyrl.trainer.max_prompt_length)
     assert rows[0][2]["reward_spec"]["spec"] == "task"
-    prepare_datasets(cfg, ds.train.parent, train_size=TRAIN_SIZE)  # back, for the other tests
+    export_datasets(config, overwrite=True)  # back, for the other tests
 
 
-def test_prepare_datasets_rejects_unusable_settings(tmp_path: Path) -> None:
-    cfg, _ = load_config(TINY_LOCAL_CONFIG, ["generator.max_turns=12"])
-    with pytest.raises(SkyRLConfigError) as e:
-        prepare_datasets(cfg, tmp_path)
+def test_export_rejects_unusable_settings_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _config(tmp_path, *CLUSTER_MAZES, "generator.max_turns=12")
     assert e.value.key == "generator.max_turns"
-    cfg, _ = load_config(TINY_LOCAL_CONFIG, EASY_64_TURNS)
-    with pytest.raises(SkyRLConfigError) as e:
-        prepare_datasets(cfg, tmp_path, train_size=2)
+    with pytest.raises(ConfigError) as e:
+        _config(tmp_path, *CLUSTER_MAZES, "mazes.reward_spec=shiny")
+    assert e.value.key == "mazes.reward_spec"
+    # Fewer training mazes than one step's prompts.
+    with pytest.raises(ConfigError) as e:
+        export_datasets(_config(tmp_path, *CLUSTER_MAZES, "mazes.train_size=2"))
     assert e.value.key == "trainer.train_batch_size"
-    with pytest.raises(SkyRLConfigError) as e:
-        prepare_datasets(cfg, tmp_path, train_reward_spec="shiny")
-    assert e.value.key == "train_reward_spec"
+    # 5x5 has 16 layouts, all in tiny-64: training cannot avoid the eval mazes unless allowed.
+    with pytest.raises(ConfigError, match="allow_eval_overlap=true") as e:
+        export_datasets(_config(tmp_path, "mazes.allow_eval_overlap=false"))
+    assert e.value.key == "mazes.train_preset"
     assert not list(tmp_path.iterdir())  # nothing written on a bad request
+
+
+def test_local_engine_datasets_reused_refused_or_the_users_own(tmp_path: Path) -> None:
+    config = _config(tmp_path, f"mazes.train_size={TRAIN_SIZE}")  # tiny_local: 5x5, tiny-64
+    ds = export_datasets(config)
+    manifest = tmp_path / "data" / DATA_MANIFEST
+    assert ds.manifest == manifest and manifest.is_file()
+    rows = read_rows([ds.train])
+    assert len(rows) == TRAIN_SIZE and {r["preset"] for r in rows} == {"5x5"}
+    assert {r["reward_spec"]["spec"] for r in rows} == {"task"}
+    assert len(read_rows([ds.validation])) == 64
+    stamp = ds.train.stat().st_mtime_ns
+
+    assert export_datasets(config).reused  # unchanged settings: reused as is
+    assert ds.train.stat().st_mtime_ns == stamp
+
+    seven = _config(tmp_path, f"mazes.train_size={TRAIN_SIZE}", "mazes.train_preset=7x7")
+    with pytest.raises(
+        ConfigError, match=r"mazes\.train_preset gives train_preset='7x7' but the datasets"
+    ):
+        export_datasets(seven)
+    assert ds.train.stat().st_mtime_ns == stamp  # nothing overwritten
+
+    # A manifest from another version (an extra key) is refused too, not taken for a match.
+    manifest.write_text(manifest.read_text().rstrip()[:-1] + ', "extra": 1}')
+    with pytest.raises(ConfigError, match="the data settings differ"):
+        export_datasets(config)
+
+    # Files without our manifest are the user's own: used whatever the mazes settings say.
+    manifest.unlink()
+    own = export_datasets(seven)
+    assert own == MazeDatasets(ds.train, ds.validation, None, ds.slack, reused=True)
+    assert {r["preset"] for r in read_rows([ds.train])} == {"5x5"}
 
 
 def _play(extras: dict[str, Any], prompt: list[dict[str, Any]], replies: list[str]) -> Any:
@@ -174,11 +258,12 @@ def _optimal_replies(seed: int) -> list[str]:
 
 
 def test_env_registers_and_solves_a_validation_maze_with_reward_1(
-    exported: tuple[Any, Any],
+    exported: tuple[MazerlConfig, MazeDatasets],
 ) -> None:
-    cfg, ds = exported
-    assert register_maze_env() == "maze"
-    assert register_maze_env() == "maze"  # idempotent, as each Ray task registers again
+    config, ds = exported
+    cfg = config.skyrl
+    assert register_env(cfg.environment.env_class) == "maze"
+    assert register_env(cfg.environment.env_class) == "maze"  # idempotent: each Ray task does it
     rows = _skyrl_rows(ds.validation, cfg.trainer.max_prompt_length)
     # The longest eval maze (16 moves): solvable within its budget of max_turns.
     idx = max(range(len(rows)), key=lambda i: rows[i][2]["step_budget"])
@@ -193,10 +278,10 @@ def test_env_registers_and_solves_a_validation_maze_with_reward_1(
     assert wrong["reward"] == 0.0
 
 
-def test_train_rows_use_the_sft_reward(exported: tuple[Any, Any]) -> None:
-    cfg, ds = exported
-    register_maze_env()
-    prompt, _cls, extras, _uid = _skyrl_rows(ds.train, cfg.trainer.max_prompt_length)[0]
+def test_train_rows_use_the_sft_reward(exported: tuple[MazerlConfig, MazeDatasets]) -> None:
+    config, ds = exported
+    register_env(config.skyrl.environment.env_class)
+    prompt, _cls, extras, _uid = _skyrl_rows(ds.train, config.skyrl.trainer.max_prompt_length)[0]
     assert _play(extras, prompt, _optimal_replies(extras["seed"]))["reward"] == pytest.approx(1.0)
     # 0.8 x task + 0.2 x fraction of tagged turns: format alone earns 0.2.
     wrong = _play(extras, prompt, [SFT_REPLY.format(pos=0, action="<action>stop</action>")])

@@ -5,9 +5,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from maze_engine.checkpoint import LATEST_FILE, CheckpointError, CheckpointManager, rank_file
+from maze_engine.checkpoint import (
+    LATEST_FILE,
+    CheckpointManager,
+    TrainState,
+    rank_file,
+    read_train_state,
+    write_train_state,
+)
+from maze_engine.errors import CheckpointError
 
 
 def _writer(payload: bytes):
@@ -104,3 +114,54 @@ def test_sigkill_mid_write_never_yields_a_torn_checkpoint(tmp_path: Path) -> Non
     mgr.verify(latest.path)
     mgr.prune()
     assert not [p for p in os.listdir(tmp_path) if "staging" in p]
+
+
+_LORA = "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_{}.default.weight"
+
+
+def test_train_state_round_trips_in_skyrls_layout_and_restores_the_rngs(tmp_path: Path) -> None:
+    lora = {_LORA.format("A"): torch.randn(2, 8), _LORA.format("B"): torch.randn(8, 2)}
+    state = TrainState(
+        lora=lora,
+        optimizer={"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+        scheduler={"last_epoch": 3},
+        loader={"epoch": 1, "position": 2, "seed": 0, "size": 8},
+        global_step=3,
+        history=[{"global_step": 3.0, "policy/loss": 0.5}],
+        eval_before=0.25,
+    )
+    adapter_config = {
+        "peft_type": "LORA",
+        "r": 2,
+        "lora_alpha": 4,
+        "target_modules": ["q_proj"],
+        "base_model_name_or_path": "tiny",
+    }
+    mgr = CheckpointManager(tmp_path)
+    torch.manual_seed(123)
+    np.random.seed(123)
+    ckpt = mgr.save(3, lambda d: write_train_state(d, state, adapter_config=adapter_config))
+    mgr.verify(ckpt.path)
+    for rel in (rank_file("model"), rank_file("optim"), rank_file("extra_state")):
+        assert (ckpt.path / rel).is_file()
+    assert (ckpt.path / "data.pt").is_file() and (ckpt.path / "trainer_state.pt").is_file()
+    assert (ckpt.path / "policy" / "lora_adapter" / "adapter_model.safetensors").is_file()
+    torch.manual_seed(123)
+    np.random.seed(123)
+    expected = (torch.rand(3), np.random.rand(3))
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+    got = read_train_state(ckpt.path, list(lora))
+    assert torch.equal(torch.rand(3), expected[0])  # the RNGs continue from the checkpoint
+    assert np.array_equal(np.random.rand(3), expected[1])
+    assert got.lora.keys() == lora.keys()
+    assert all(torch.equal(got.lora[k], v) for k, v in lora.items())
+    assert (got.optimizer, got.scheduler, got.loader) == (
+        state.optimizer,
+        state.scheduler,
+        state.loader,
+    )
+    assert (got.global_step, got.history, got.eval_before) == (3, state.history, 0.25)
+    with pytest.raises(CheckpointError, match=r"lacks LoRA parameters such as other\.lora_A"):
+        read_train_state(ckpt.path, [*lora, "other.lora_A.weight"])

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from maze_engine.faults import FAULT_ENV
+
 RUNNER = textwrap.dedent(
     """
     import sys
-    from maze_engine.config import LocalConfig
-    from maze_engine.skyrl_cluster import load_config
+    from maze_engine.config import load_config
     from maze_engine.trainer import train
-    cfg, local = load_config("tiny_local", sys.argv[1:])
-    train(cfg, LocalConfig.from_dict(local), say=lambda m: print(m, flush=True))
+    train(load_config("tiny_local", sys.argv[1:]), say=lambda m: print(m, flush=True))
     """
 )
 STEPS = 3
@@ -36,18 +36,18 @@ def _overrides(run: Path, base: Path) -> list[str]:
         "trainer.eval_before_train=false",
         "trainer.policy.optimizer_config.lr=0.01",
         "local.rollout_workers=0",
-        "local.train_size=8",
+        "mazes.train_size=8",
         "local.progress=false",
         "local.tensorboard=false",
         # Partial format credit varies across samples, so advantages (and updates) are nonzero.
-        "local.reward_spec=visgym_sft",
+        "mazes.reward_spec=visgym_sft",
     ]
 
 
 def _run(run: Path, base: Path, fault: str | None = None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "MAZE_ENGINE_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     if fault:
-        env["MAZE_ENGINE_FAULT"] = fault
+        env[FAULT_ENV] = fault
     proc = subprocess.run(
         [sys.executable, "-c", RUNNER, *_overrides(run, base)],
         env=env,
@@ -65,11 +65,21 @@ def _run(run: Path, base: Path, fault: str | None = None) -> int:
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from maze_engine.config import LocalConfig
-    from maze_engine.trainer import ensure_base_model
+    from maze_engine.config import load_config
+    from maze_engine.trainer import base_model_dir, prepare_data
 
     root = tmp_path_factory.mktemp("base")
-    return ensure_base_model("tiny-qwen3vl", LocalConfig(sft_steps=3), root, 0, lambda _m: None)
+    config = load_config(
+        "tiny_local",
+        [
+            f"trainer.export_path={root}",
+            "trainer.eval_before_train=false",
+            "mazes.train_size=8",
+            "local.warm_start.steps=3",
+            "local.progress=false",
+        ],
+    )
+    return base_model_dir(config, prepare_data(config), lambda _m: None)
 
 
 def test_sigkill_at_rollout_update_and_checkpoint_then_resume_is_bit_identical(

@@ -5,11 +5,11 @@ from pathlib import Path
 from typing import Any
 
 from maze_engine.config import LocalConfig
-from maze_engine.policy import SamplingParams
 from maze_engine.trainer import Rollouts
 from maze_engine.workers import lora_config_from_skyrl
 from maze_env import MazeSpec
 from maze_env.export import build_rows
+from maze_policy.sampling import SamplingParams
 
 
 def _rows(seeds: list[int], slack: int) -> list[dict[str, Any]]:
@@ -18,11 +18,10 @@ def _rows(seeds: list[int], slack: int) -> list[dict[str, Any]]:
 
 
 def test_max_turns_caps_episodes_below_the_maze_budget(tiny_vlm_dir: Path, tmp_path: Path) -> None:
-    from omegaconf import OmegaConf
+    from skyrl.train.config import SkyRLLoraConfig
 
-    lora = OmegaConf.create(
-        {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}
-        | {"exclude_modules": ".*visual.*"}
+    lora = SkyRLLoraConfig(
+        rank=4, alpha=8, dropout=0.0, target_modules="all-linear", exclude_modules=".*visual.*"
     )
     rollouts = Rollouts(
         tiny_vlm_dir, lora_config_from_skyrl(lora), LocalConfig(rollout_workers=0), tmp_path

@@ -4,10 +4,8 @@ from pathlib import Path
 
 import torch
 
-from maze_engine.model import load_vlm
-from maze_engine.policy import Policy, sequence_logprobs
+from maze_engine.config import WarmStartConfig
 from maze_engine.sft import (
-    SFTConfig,
     action_accuracy,
     evaluate_policy,
     oracle_episode,
@@ -16,6 +14,8 @@ from maze_engine.sft import (
     sft_loss,
 )
 from maze_env import generate
+from maze_policy.model import load_vlm
+from maze_policy.policy import Policy, sequence_logprobs
 
 
 def test_oracle_episode_masks_every_reply(tiny_policy: Policy) -> None:
@@ -34,9 +34,10 @@ def test_short_sft_lowers_loss_and_raises_action_accuracy(
         loss0 = float(sft_loss(tiny_policy, held_out))
     acc0 = action_accuracy(tiny_policy, held_out)
     res0 = evaluate_policy(tiny_policy, "5x5", [0, 1], max_new_tokens=32)
-    cfg = SFTConfig(spec="5x5", steps=40, batch_size=2, lr=5e-3, warmup_steps=5, max_seconds=90)
-    report = run_sft(tiny_policy, cfg, out_dir=tmp_path / "sft")
+    cfg = WarmStartConfig(steps=40, batch_size=2, lr=5e-3, warmup_steps=5, max_seconds=90)
+    report = run_sft(tiny_policy, cfg, spec="5x5", seed=0, cell_px=32, out_dir=tmp_path / "sft")
     assert report.steps_done >= 10 and len(report.losses) == report.steps_done
+    assert report.config["spec"] == "5x5" and report.config["steps"] == 40
     with torch.no_grad():
         loss1 = float(sft_loss(tiny_policy, held_out))
     acc1 = action_accuracy(tiny_policy, held_out)
@@ -59,9 +60,9 @@ def test_short_sft_lowers_loss_and_raises_action_accuracy(
 
 
 def test_save_merged_merges_lora(tiny_policy: Policy, tmp_path: Path) -> None:
-    from maze_engine.policy import apply_lora
+    from maze_policy.lora import apply_lora, lora_config
 
-    peft_model = apply_lora(tiny_policy.model, rank=2, alpha=4)
+    peft_model = apply_lora(tiny_policy.model, lora_config(rank=2, alpha=4))
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
@@ -76,3 +77,23 @@ def test_save_merged_merges_lora(tiny_policy: Policy, tmp_path: Path) -> None:
     with torch.no_grad():
         after = sequence_logprobs(model2, batch, suppress_ids=policy.suppress_ids)
     assert torch.allclose(before, after, atol=1e-4)
+
+
+def test_run_sft_trains_every_step_unless_max_seconds_stops_it(tiny_policy: Policy) -> None:
+    every = run_sft(
+        tiny_policy,
+        WarmStartConfig(steps=2, batch_size=1, warmup_steps=1),
+        spec="5x5",
+        seed=0,
+        cell_px=32,
+    )
+    assert every.steps_done == 2 and len(every.losses) == 2 and every.seconds > 0
+    # The budget is checked before each step: the first always runs.
+    capped = run_sft(
+        tiny_policy,
+        WarmStartConfig(steps=5, batch_size=1, warmup_steps=1, max_seconds=1e-9),
+        spec="5x5",
+        seed=0,
+        cell_px=32,
+    )
+    assert capped.steps_done == 1

@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from maze_engine.model import (
+from maze_env.prompts import SYSTEM_PROMPT
+from maze_policy.errors import ModelLoadError
+from maze_policy.model import (
     SPECIAL_TOKENS,
-    ModelLoadError,
     TinyVLMConfig,
     build_tiny_vlm,
     count_parameters,
@@ -17,7 +18,6 @@ from maze_engine.model import (
     sinusoid_2d,
     train_tokenizer,
 )
-from maze_env.prompts import SYSTEM_PROMPT
 
 
 def test_build_save_reload_is_a_real_checkpoint_dir(tiny_vlm_dir: Path) -> None:

@@ -6,12 +6,12 @@ from typing import Any
 import pytest
 import torch
 
-from maze_engine.chat import ChatEncodingError, decode_data_uri
-from maze_engine.policy import Policy
-from maze_engine.sft import oracle_reply
 from maze_env import MazeGame, generate
-from maze_env.prompts import feedback_message, initial_messages
+from maze_env.prompts import feedback_message, initial_messages, oracle_reply
 from maze_env.render import Renderer, token_aligned_style
+from maze_policy.chat import decode_data_uri
+from maze_policy.errors import ChatEncodingError
+from maze_policy.policy import Policy
 
 
 def _episode(spec: str = "7x7", seed: int = 3) -> tuple[Any, Renderer, MazeGame]:

@@ -4,17 +4,13 @@ from typing import Any
 
 import torch
 
-from maze_engine.chat import Trajectory
-from maze_engine.policy import (
-    Policy,
-    SamplingParams,
-    apply_lora,
-    policy_logprobs,
-    policy_logprobs_and_entropy,
-)
 from maze_env import MazeGame, generate
 from maze_env.prompts import feedback_message, initial_messages
 from maze_env.render import Renderer, token_aligned_style
+from maze_policy.chat import Trajectory
+from maze_policy.lora import apply_lora, lora_config
+from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entropy
+from maze_policy.sampling import SamplingParams
 
 
 def _start(
@@ -125,7 +121,7 @@ def test_greedy_batch_equals_single(tiny_policy: Policy) -> None:
 
 
 def test_lora_wrapped_policy_excludes_vision_and_matches_logprobs(tiny_policy: Policy) -> None:
-    peft_model = apply_lora(tiny_policy.model, rank=4, alpha=8)
+    peft_model = apply_lora(tiny_policy.model, lora_config(rank=4, alpha=8))
     names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n and "language_model" in n for n in names)
     # Non-zero adapters, so the check covers the LoRA path, not just the base weights.

@@ -1,91 +1,31 @@
-"""Local GRPO + LoRA engine for VLMs on visual mazes.
+"""GRPO + LoRA training for VLMs on visual mazes: the local engine and the SkyRL cluster path.
 
-Modules: ``model`` (build/load Qwen-VL checkpoints), ``chat`` (multi-turn encoding with loss
-masks), ``policy`` (sampling and log-probs), ``sft`` (oracle warm start), ``rollout`` (episodes
-through the skyrl-gym ``maze`` env), ``grpo`` (SkyRL's losses), ``checkpoint`` (SkyRL layout),
-``trainer`` (the loop, Ray workers), ``skyrl_cluster`` (SkyRL's own trainer on a GPU cluster).
+Modules: ``config`` (one typed config for both engines), ``data`` (the dataset exporter and
+prompt batches), ``sft`` (oracle warm start), ``grpo`` (SkyRL's losses), ``checkpoint``
+(SkyRL layout, exact resume), ``trainer`` (the local loop, Ray workers), ``cluster`` (SkyRL's
+own trainer on a GPU Ray cluster) and ``submit`` (Ray job submission). The policy itself
+(model loading, chat encoding, sampling, rollouts) is the ``maze-policy`` package.
 
-Names below are imported on first use: torch, transformers and peft take tens of seconds to
-import on a loaded 2-core box, and the config/launcher paths need none of them.
+Only torch-free names are exported here; import the rest by module path.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from maze_engine.chat import (
-        Batch,
-        ChatEncoder,
-        ChatEncodingError,
-        Trajectory,
-        collate,
-        decode_data_uri,
-    )
-    from maze_engine.model import (
-        ModelLoadError,
-        TinyVLMConfig,
-        build_tiny_vlm,
-        load_processor,
-        load_vlm,
-    )
-    from maze_engine.policy import (
-        Generation,
-        Policy,
-        SamplingParams,
-        apply_lora,
-        policy_logprobs,
-        sequence_logprobs,
-        suppressed_token_ids,
-    )
+from maze_engine.errors import (
+    AdapterLoadError,
+    CheckpointError,
+    ConfigError,
+    DatasetError,
+    GpuImageRequiredError,
+    MazeEngineError,
+)
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "chat": (
-        "Batch",
-        "ChatEncoder",
-        "ChatEncodingError",
-        "Trajectory",
-        "collate",
-        "decode_data_uri",
-    ),
-    "model": ("ModelLoadError", "TinyVLMConfig", "build_tiny_vlm", "load_processor", "load_vlm"),
-    "policy": (
-        "Generation",
-        "Policy",
-        "SamplingParams",
-        "apply_lora",
-        "policy_logprobs",
-        "sequence_logprobs",
-        "suppressed_token_ids",
-    ),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
 __all__ = [
-    "Batch",
-    "ChatEncoder",
-    "ChatEncodingError",
-    "Generation",
-    "ModelLoadError",
-    "Policy",
-    "SamplingParams",
-    "TinyVLMConfig",
-    "Trajectory",
-    "apply_lora",
-    "build_tiny_vlm",
-    "collate",
-    "decode_data_uri",
-    "load_processor",
-    "load_vlm",
-    "policy_logprobs",
-    "sequence_logprobs",
-    "suppressed_token_ids",
+    "AdapterLoadError",
+    "CheckpointError",
+    "ConfigError",
+    "DatasetError",
+    "GpuImageRequiredError",
+    "MazeEngineError",
+    "__version__",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'maze_engine' has no attribute {name!r}")
-    return getattr(import_module(f"maze_engine.{module}"), name)

@@ -10,7 +10,7 @@ where they expect them)::
         policy/lora_adapter/                      consolidated PEFT adapter
         data.pt                                   dataloader position
         trainer_state.pt                          global step, config
-        manifest.json                             size + sha256 of every file (ours)
+        manifest.json                             size + sha256 of every file (weight-sync's format)
     latest_ckpt_global_step.txt                   written last
 
 Each checkpoint is written into ``.global_step_N.staging-<id>`` on the same filesystem, fsynced,
@@ -21,66 +21,45 @@ falls back to the newest one that verifies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+
+from maze_engine.errors import CheckpointError
+from maze_engine.faults import fault
+from weight_sync import WeightSyncError, fs
 
 log = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_ckpt_global_step.txt"
-MANIFEST = "manifest.json"
+MANIFEST = fs.MANIFEST_NAME
 _STEP_DIR = re.compile(r"global_step_(\d+)")
 ResumeMode = Literal["latest", "none", "from_path"]
 RESUME_MODES: tuple[ResumeMode, ...] = ("latest", "none", "from_path")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or used; the message names the path and the reason."""
-
-
 def rank_file(
     kind: Literal["model", "optim", "extra_state"], world_size: int = 1, rank: int = 0
 ) -> str:
+    """Where SkyRL keeps one rank's ``kind`` state inside a checkpoint directory."""
     return f"policy/{kind}_world_size_{world_size}_rank_{rank}.pt"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A published checkpoint: its global step and its ``global_step_<N>`` directory."""
+
     step: int
     path: Path
 
@@ -104,27 +83,14 @@ class CheckpointManager:
         staging.mkdir()
         try:
             write(staging)
-            files = sorted(p for p in staging.rglob("*") if p.is_file())
-            manifest = {
-                "global_step": step,
-                "created_at": time.time(),
-                "files": {
-                    str(p.relative_to(staging)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-                    for p in files
-                },
-            }
-            for p in files:
-                with p.open("rb") as f:
-                    os.fsync(f.fileno())
-            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            for d in sorted({p.parent for p in files} | {staging}, key=lambda d: -len(d.parts)):
-                _fsync_dir(d)
+            # The manifest is written after every file is fsynced: on disk, it vouches for them.
+            fs.write_manifest(staging, step=step, producer="maze-engine", recursive=True)
             os.rename(staging, final)
-            _fsync_dir(self.root)
+            fs.fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        _write_atomic(self.root / LATEST_FILE, f"{step}\n".encode())
+        fs.atomic_write_text(self.root / LATEST_FILE, f"{step}\n")
         self.prune()
         return Checkpoint(step, final)
 
@@ -141,22 +107,10 @@ class CheckpointManager:
 
     def verify(self, path: Path) -> None:
         """Raise :class:`CheckpointError` unless every file matches the manifest."""
-        manifest_path = path / MANIFEST
         try:
-            manifest = json.loads(manifest_path.read_text())
-            files: dict[str, dict[str, object]] = manifest["files"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{path}: missing or unreadable {MANIFEST} ({exc})") from exc
-        for rel, meta in files.items():
-            f = path / rel
-            if not f.is_file():
-                raise CheckpointError(f"{path}: {rel} is missing")
-            if f.stat().st_size != meta.get("size"):
-                raise CheckpointError(
-                    f"{path}: {rel} has {f.stat().st_size} bytes, manifest says {meta.get('size')}"
-                )
-            if _sha256(f) != meta.get("sha256"):
-                raise CheckpointError(f"{path}: {rel} does not match its sha256 in {MANIFEST}")
+            fs.verify_manifest(path)
+        except WeightSyncError as exc:
+            raise CheckpointError(f"{path}: {exc}") from exc
 
     def latest_valid(self) -> Checkpoint | None:
         """The newest checkpoint that verifies; logs every newer one that does not."""
@@ -214,3 +168,79 @@ class CheckpointManager:
             return
         for step in self.steps()[self.max_ckpts_to_keep :]:
             shutil.rmtree(self.root / f"global_step_{step}", ignore_errors=True)
+
+
+@dataclass
+class TrainState:
+    """Everything a local-engine checkpoint holds besides the consolidated adapter."""
+
+    lora: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    loader: dict[str, int]
+    global_step: int
+    history: list[dict[str, float]]
+    eval_before: float | None
+
+
+def write_train_state(d: Path, state: TrainState, *, adapter_config: dict[str, Any]) -> None:
+    """Fill checkpoint directory ``d`` in SkyRL's layout (world size 1) from ``state``.
+
+    The RNG states are this process's own; the adapter is consolidated into
+    ``policy/lora_adapter`` with lora-consolidate, as the cluster's head node does.
+    """
+    from lora_consolidate import consolidate
+
+    (d / "policy").mkdir()
+    torch.save(state.lora, d / rank_file("model"))
+    torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, d / rank_file("optim"))
+    torch.save(
+        {
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        },
+        d / rank_file("extra_state"),
+    )
+    fault("checkpoint", state.global_step)
+    torch.save(state.loader, d / "data.pt")
+    torch.save(
+        {
+            "global_step": state.global_step,
+            "history": state.history,
+            "eval_before": state.eval_before,
+        },
+        d / "trainer_state.pt",
+    )
+    (d / "policy" / "fsdp_config.json").write_text(
+        json.dumps({"world_size": 1, "strategy": "local"})
+    )
+    consolidate(d / "policy", d / "policy" / "lora_adapter", adapter_config=adapter_config)
+
+
+def read_train_state(d: Path, lora_names: Sequence[str]) -> TrainState:
+    """Read what :func:`write_train_state` wrote and restore this process's RNG states.
+
+    Raises:
+        CheckpointError: the checkpoint lacks one of ``lora_names``.
+    """
+    lora = cast(dict[str, torch.Tensor], torch.load(d / rank_file("model"), weights_only=True))
+    missing = [k for k in lora_names if k not in lora]
+    if missing:
+        raise CheckpointError(f"{d}: checkpoint lacks LoRA parameters such as {missing[0]}")
+    opt = torch.load(d / rank_file("optim"), weights_only=False)
+    extra = torch.load(d / rank_file("extra_state"), weights_only=False)
+    torch.set_rng_state(extra["torch_rng"])
+    np.random.set_state(extra["numpy_rng"])
+    random.setstate(extra["python_rng"])
+    loader = torch.load(d / "data.pt", weights_only=False)
+    ts = torch.load(d / "trainer_state.pt", weights_only=False)
+    return TrainState(
+        lora=lora,
+        optimizer=opt["optimizer"],
+        scheduler=opt["scheduler"],
+        loader=loader,
+        global_step=int(ts["global_step"]),
+        history=list(ts["history"]),
+        eval_before=ts.get("eval_before"),
+    )

@@ -1,41 +1,135 @@
-"""The local engine's own settings: the ``local:`` section of a mazerl config file.
+"""One config file for both engines, loaded into one typed object.
 
-Everything else in the file is SkyRL's schema (``SkyRLTrainConfig``), read by both engines; only
-what SkyRL has no key for lives here.
+A mazerl config file has three kinds of section:
+
+* SkyRL's own keys (``data``, ``trainer``, ``generator``, ``environment``, ...), checked
+  against ``skyrl.train.config.SkyRLTrainConfig`` and SkyRL's ``validate_cfg``;
+* ``mazes:`` (:class:`MazeDataConfig`): which mazes the datasets hold and how they are drawn,
+  read by both engines' dataset exporter;
+* ``local:`` (:class:`LocalConfig`): the local CPU engine's own settings, never handed to SkyRL.
+
+:func:`load_config` checks all three with the same checker (:mod:`maze_engine.schema`) and
+returns a :class:`MazerlConfig`; every failure is one :class:`~maze_engine.errors.ConfigError`
+naming the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from maze_engine.errors import ConfigError, show_value
+from maze_engine.schema import (
+    blame,
+    build_section,
+    check_section,
+    check_vlm,
+    flatten,
+    load_tree,
+    source_of,
+)
+from maze_env.render import VISGYM_CELL_PX
+
+if TYPE_CHECKING:
+    from skyrl.train.config import SkyRLTrainConfig
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+"""Shipped YAML configs (package data)."""
+REFERENCE_CONFIG = "maze_grpo_qwen3vl8b"
+"""The reference HyperPod run: Qwen3-VL-8B, LoRA r32, 3 nodes x 2 GPUs."""
+TINY_LOCAL_CONFIG = "tiny_local"
+"""The local engine's default: a tiny Qwen3-VL built from a config, on CPU."""
+MAZES_KEY = "mazes"
+LOCAL_KEY = "local"
+TINY_MODEL = "tiny-qwen3vl"
+"""``trainer.policy.model.path`` value that builds (once) and warm-starts the tiny VLM."""
 
 
-class LocalConfigError(ValueError):
-    """A ``local.*`` key that is unknown or has a bad value; the message names the key."""
+@dataclass(frozen=True)
+class MazeDataConfig:
+    """The ``mazes:`` section: what the train and validation datasets hold (both engines)."""
+
+    train_preset: str = "easy"
+    """Maze spec of the training mazes (``easy``, ``hard``, ``ROWSxCOLS[:generator]``)."""
+    train_size: int = 256
+    eval_set: str = "easy-64"
+    """Fixed eval set (maze-env ``EVAL_SETS``): the validation split, scored with ``task``."""
+    cell_px: int = VISGYM_CELL_PX
+    """Pixels per grid square; 32 puts one square in one Qwen3-VL visual token."""
+    reward_spec: str = "visgym_sft"
+    """maze-verifier reward spec of the training rows (validation rows always use ``task``)."""
+    allow_eval_overlap: bool = False
+    """Allow training mazes that repeat eval layouts when the spec has too few to avoid them."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first ``mazes.*`` key with a bad value."""
+        from maze_env import EVAL_SETS, MazeSpec, MazeSpecError
+        from maze_verifier import SPECS
+
+        _at_least(self, MAZES_KEY, train_size=1, cell_px=4)
+        if self.eval_set not in EVAL_SETS:
+            raise ConfigError(
+                f"{show_value(self.eval_set)} is not a fixed eval set",
+                key=f"{MAZES_KEY}.eval_set",
+                allowed=tuple(EVAL_SETS),
+            )
+        try:
+            MazeSpec.parse(self.train_preset)
+        except MazeSpecError as exc:
+            raise ConfigError(str(exc), key=f"{MAZES_KEY}.train_preset") from exc
+        if self.reward_spec not in SPECS:
+            raise ConfigError(
+                f"{show_value(self.reward_spec)} is not a reward spec",
+                key=f"{MAZES_KEY}.reward_spec",
+                allowed=tuple(sorted(SPECS)),
+            )
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """``local.warm_start``: supervised steps on oracle episodes before GRPO (tiny model only)."""
+
+    steps: int = 600
+    batch_size: int = 4
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_seconds: float | None = None
+    """Stop early after this much training time; None trains every step."""
+    eval_every: int = 0
+    """Greedy evaluation every this many steps (``maze-train warm-start``); 0 = never."""
+    eval_mazes: int = 32
+    max_new_tokens: int = 32
+    freeze_patch_embed: bool = True
+    """Keep the vision patch projection fixed: its weight gradient is a CPU step's costliest op."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad ``local.warm_start.*`` key."""
+        where = f"{LOCAL_KEY}.warm_start"
+        _at_least(self, where, steps=0, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
+        _at_least(self, where, max_new_tokens=1)
+        if self.lr <= 0:
+            raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ConfigError(
+                f"must be > 0 or null, got {show_value(self.max_seconds)}",
+                key=f"{where}.max_seconds",
+            )
 
 
 @dataclass(frozen=True)
 class LocalConfig:
+    """The ``local:`` section: settings of the local CPU engine only."""
+
     rollout_workers: int = 2
     """Ray actors generating rollouts; 0 runs rollouts in the learner's process (no Ray)."""
     torch_threads: int = 1
     """Threads per process (learner and each worker). Fixed so runs repeat bit for bit."""
-    train_preset: str = "5x5"
-    """Maze spec of the training mazes (``easy``, ``hard``, ``ROWSxCOLS[:generator]``)."""
-    train_size: int = 256
-    eval_set: str = "tiny-64"
-    """Fixed eval set (maze-env ``EVAL_SETS``) scored before and after training."""
-    cell_px: int = 32
-    """Pixels per grid square: 32 puts one square in one Qwen3-VL visual token."""
-    slack: int = 2
-    """Turns beyond optimal moves + stop in each training maze's budget."""
-    reward_spec: str = "task"
-    """maze-verifier reward spec for training rows (``task``, ``visgym_sft``, ``efficiency``)."""
-    sft_steps: int = 600
-    """Warm-start steps on oracle demonstrations when the base model is built here."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     tiny_model: dict[str, Any] = field(default_factory=dict[str, Any])
-    """Overrides of ``maze_engine.model.TinyVLMConfig`` for the built model."""
+    """Overrides of ``maze_policy.model.TinyVLMConfig`` for the model built here."""
     prometheus_port: int | None = None
     """Serve metrics on 127.0.0.1:PORT (0 picks a free port); None disables."""
     tensorboard: bool = True
@@ -43,44 +137,163 @@ class LocalConfig:
     ckpt_s3_uri: str | None = None
     """Mirror each checkpoint to ``s3://bucket/prefix`` (boto3; honours AWS_ENDPOINT_URL)."""
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LocalConfig:
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise LocalConfigError(
-                f"unknown key local.{unknown[0]}; allowed: {', '.join(sorted(names))}"
-            )
-        out = cls(**data)
-        out.validate()
-        return out
-
     def validate(self) -> None:
-        def bad(key: str, want: str) -> LocalConfigError:
-            return LocalConfigError(f"local.{key} must be {want}, got {getattr(self, key)!r}")
-
-        for key, lo in (
-            ("rollout_workers", 0),
-            ("torch_threads", 1),
-            ("train_size", 1),
-            ("cell_px", 4),
-            ("slack", 0),
-            ("sft_steps", 0),
-        ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise bad(key, f"an int >= {lo}")
+        """Raise :class:`ConfigError` naming the first ``local.*`` key with a bad value."""
+        _at_least(self, LOCAL_KEY, rollout_workers=0, torch_threads=1)
         if self.prometheus_port is not None and not 0 <= self.prometheus_port <= 65535:
-            raise bad("prometheus_port", "a port number (0 = any free port) or null")
-        from maze_env import EVAL_SETS, MazeSpec, MazeSpecError
+            raise ConfigError(
+                "must be a port number (0 = any free port) or null",
+                key=f"{LOCAL_KEY}.prometheus_port",
+            )
+        self.warm_start.validate()
+        if self.ckpt_s3_uri is not None:
+            from maze_engine.s3_mirror import parse_s3_uri
 
-        if self.eval_set not in EVAL_SETS:
-            raise bad("eval_set", f"one of {', '.join(EVAL_SETS)}")
+            parse_s3_uri(self.ckpt_s3_uri)
+        if self.tiny_model:
+            from maze_policy.model import TinyVLMConfig
+
+            check_section(TinyVLMConfig, self.tiny_model, f"{LOCAL_KEY}.tiny_model.")
+
+
+@dataclass(frozen=True)
+class MazerlConfig:
+    """A loaded config file: SkyRL's config plus this project's two sections."""
+
+    skyrl: SkyRLTrainConfig
+    mazes: MazeDataConfig
+    local: LocalConfig
+    source: Path
+    """The YAML file it was read from."""
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the datasets live: the directory of ``data.train_data[0]``."""
+        return Path(self.skyrl.data.train_data[0]).parent
+
+    @property
+    def max_turns(self) -> int:
+        """``generator.max_turns``: both engines end an episode after this many turns."""
+        return int(self.skyrl.generator.max_turns)
+
+
+def _at_least(section: object, where: str, **lows: int) -> None:
+    for key, lo in lows.items():
+        value = getattr(section, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ConfigError(
+                f"must be an int >= {lo}, got {show_value(value)}", key=f"{where}.{key}"
+            )
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with the package (``--config`` accepts them bare)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(config: str | os.PathLike[str]) -> Path:
+    """An existing file, or a shipped config by name (``maze_grpo_qwen3vl8b[.yaml]``)."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    if len(path.parts) == 1:
+        shipped = CONFIG_DIR / (
+            path.name if path.suffix in {".yaml", ".yml"} else f"{path.name}.yaml"
+        )
+        if shipped.is_file():
+            return shipped
+    raise ConfigError(
+        f"config file {os.fspath(config)!r} not found; give a path or a shipped config name",
+        allowed=shipped_configs(),
+    )
+
+
+def _own_section[T](
+    tree: dict[str, object], key: str, datacls: type[T], overridden: list[str], source: str
+) -> T:
+    raw = tree.pop(key, None)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"must be a mapping, got {show_value(raw)}", key=key, source=source)
+    data = cast(dict[str, object], raw)
+    try:
+        check_section(datacls, data, f"{key}.")
+        section = build_section(datacls, data)
+        cast(Any, section).validate()
+    except ConfigError as e:
+        raise ConfigError(
+            e.detail, key=e.key, allowed=e.allowed, source=source_of(e.key, overridden, source)
+        ) from None
+    return section
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    validate: bool = True,
+) -> MazerlConfig:
+    """Load a config file (a path or a shipped name) with ``key=value`` overrides.
+
+    Overrides use the same dotted keys in every section (``mazes.train_size=64``,
+    ``local.rollout_workers=0``) and see ``${...}`` interpolations, so ``trainer.run_name=x``
+    moves every path built from it. With ``validate`` SkyRL's own ``validate_cfg`` runs too, as
+    its entrypoint would.
+
+    Args:
+        path: A YAML file or the name of a shipped config.
+        overrides: ``key=value`` strings, applied in order.
+        validate: Also run SkyRL's ``validate_cfg``.
+
+    Returns:
+        The typed config.
+
+    Raises:
+        ConfigError: The first bad key or value, named, with where it was set.
+    """
+    file = resolve_config_path(path)
+    tree, overridden = load_tree(file, list(overrides))
+    source = str(file)
+    mazes = _own_section(tree, MAZES_KEY, MazeDataConfig, overridden, source)
+    local = _own_section(tree, LOCAL_KEY, LocalConfig, overridden, source)
+
+    from skyrl.train.config import SkyRLTrainConfig
+
+    try:
+        check_section(SkyRLTrainConfig, tree, "")
+        check_vlm(tree)
+    except ConfigError as e:
+        raise ConfigError(
+            e.detail, key=e.key, allowed=e.allowed, source=source_of(e.key, overridden, source)
+        ) from None
+    flat = flatten(SkyRLTrainConfig, tree)
+    try:
+        cfg = SkyRLTrainConfig.from_cli_overrides(flat)
+    except (ValueError, TypeError, AssertionError) as e:
+        key = blame(str(e), list(flat), overridden)
+        raise ConfigError(
+            f"SkyRL rejected the config: {e}", key=key, source=source_of(key, overridden, source)
+        ) from e
+    if validate:
+        from skyrl.train.utils import validate_cfg
+
         try:
-            MazeSpec.parse(self.train_preset)
-        except MazeSpecError as exc:
-            raise LocalConfigError(f"local.train_preset: {exc}") from exc
-        from maze_verifier import SPECS
+            validate_cfg(cfg)
+        except (ValueError, TypeError, AssertionError, NotImplementedError) as e:
+            key = blame(str(e), list(flat), overridden)
+            raise ConfigError(
+                f"SkyRL's validate_cfg rejected the config: {e}",
+                key=key,
+                source=source_of(key, overridden, source),
+            ) from e
+    config = MazerlConfig(skyrl=cfg, mazes=mazes, local=local, source=file)
+    from maze_engine.data import eval_slack
 
-        if self.reward_spec not in SPECS:
-            raise bad("reward_spec", f"one of {', '.join(sorted(SPECS))}")
+    try:
+        eval_slack(config.max_turns, mazes.eval_set)  # every eval maze must be finishable
+    except ConfigError as e:
+        raise ConfigError(
+            e.detail, key=e.key, allowed=e.allowed, source=source_of(e.key, overridden, source)
+        ) from None
+    return config

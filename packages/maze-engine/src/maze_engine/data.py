@@ -1,29 +1,41 @@
-"""Prompt batches for the local engine, with a resumable position.
+"""Datasets for both engines, and the local engine's resumable prompt batches.
 
-Rows are SkyRL dataset rows (maze-env's exporter), read from the parquet/JSONL files named by
-``data.train_data``. Each epoch is a permutation drawn from ``(seed, epoch)``, so the order
-depends only on the seed and a checkpointed ``(epoch, position)`` resumes exactly.
+:func:`export_datasets` writes the train / validation files that ``data.train_data`` /
+``data.val_data`` name, from the ``mazes:`` section, with a manifest of the settings beside
+them: both engines call it, so a resumed run (or the other engine) trains on the same mazes.
+Rows are SkyRL dataset rows (maze-env's exporter). :class:`PromptLoader` draws each epoch as a
+permutation from ``(seed, epoch)``, so a checkpointed ``(epoch, position)`` resumes exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from maze_engine.errors import ConfigError, DatasetError
 
-class DatasetError(ValueError):
-    """A dataset file that is missing, unreadable, or lacks the columns the maze env needs."""
+if TYPE_CHECKING:
+    from maze_engine.config import MazerlConfig
 
+log = logging.getLogger(__name__)
+
+DATA_MANIFEST = "mazerl_datasets.json"
+"""Written next to the exported datasets: the settings they were built with."""
+EVAL_REWARD_SPEC = "task"
+"""Validation rows score 1 for a solved maze, else 0: ``eval/all/pass_at_1`` is the solve rate."""
 
 REQUIRED = ("prompt", "env_class", "seed", "preset")
 
 
 def read_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every row of the parquet/JSONL files, checked for the columns the maze env needs."""
     rows: list[dict[str, Any]] = []
     for raw in paths:
         path = Path(raw)
@@ -92,3 +104,141 @@ class PromptLoader:
                 f"this run has {self.size} rows / seed {self.seed}"
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+@dataclass(frozen=True, slots=True)
+class MazeDatasets:
+    """Files :func:`export_datasets` wrote (or found up to date) and how they were built."""
+
+    train: Path
+    validation: Path
+    manifest: Path | None
+    """None when the files are the user's own (no manifest beside them)."""
+    slack: int
+    """Turns beyond ``optimal moves + stop`` in every row's ``step_budget``."""
+    reused: bool
+
+
+def eval_slack(max_turns: int, eval_set: str) -> int:
+    """Slack that makes the eval set's longest maze take exactly ``max_turns`` turns.
+
+    Raises:
+        ConfigError: on ``generator.max_turns`` when some maze of the set cannot be finished
+            in that many turns (VisGym's 15 leaves the 16-move easy mazes unsolvable).
+    """
+    from maze_env import EvalSetError, get_eval_set
+
+    try:
+        es = get_eval_set(eval_set)
+    except EvalSetError as e:
+        raise ConfigError(str(e), key="mazes.eval_set") from e
+    worst = max(m.optimal_moves for m in es.mazes)
+    slack = max_turns - (worst + 1)
+    if slack < 0:
+        raise ConfigError(
+            f"{max_turns} turns cannot finish every maze of {eval_set!r}: the longest needs "
+            f"{worst} moves + stop, so at least {worst + 1}",
+            key="generator.max_turns",
+        )
+    return slack
+
+
+def dataset_settings(config: MazerlConfig) -> dict[str, object]:
+    """What the manifest records: everything that decides the datasets' bytes."""
+    from maze_env import __version__ as maze_env_version
+
+    return {
+        "format": 2,
+        "maze_env": maze_env_version,
+        **dataclasses.asdict(config.mazes),
+        "slack": eval_slack(config.max_turns, config.mazes.eval_set),
+        "eval_reward_spec": EVAL_REWARD_SPEC,
+    }
+
+
+def _mismatch(recorded: dict[str, object], settings: dict[str, object], data_dir: Path) -> str:
+    key = next((k for k in settings if recorded.get(k) != settings[k]), None)
+    if key is None:  # a manifest with keys this version does not write
+        what, was = "the data settings differ and", repr(recorded)
+    else:
+        name = {"slack": "generator.max_turns"}.get(key, f"mazes.{key}")
+        what, was = f"{name} gives {key}={settings[key]!r} but", repr(recorded.get(key))
+    return (
+        f"{what} the datasets in {data_dir} were exported with {was}; start a new run "
+        f"(MAZERL_RUN=... or trainer.export_path=...) or remove {data_dir}"
+    )
+
+
+def _training_seeds(config: MazerlConfig) -> list[int]:
+    from maze_env import MazeSpec, get_eval_set
+    from maze_env.export import train_seeds
+
+    mazes = config.mazes
+    spec, es = MazeSpec.parse(mazes.train_preset), get_eval_set(mazes.eval_set)
+    try:
+        return train_seeds(mazes.train_size, spec=spec, avoid=es.mazes)
+    except ValueError as exc:
+        if not mazes.allow_eval_overlap:
+            raise ConfigError(
+                f"{exc}; choose a larger mazes.train_preset or a smaller mazes.train_size, or "
+                "set mazes.allow_eval_overlap=true to train on eval layouts",
+                key="mazes.train_preset",
+            ) from exc
+        log.info("mazes.allow_eval_overlap: training mazes repeat %s layouts", es.name)
+        return train_seeds(mazes.train_size, spec=spec)
+
+
+def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDatasets:
+    """The datasets ``data.train_data[0]`` / ``data.val_data[0]`` name, exported if needed.
+
+    Files that exist without a manifest are the user's own and are used as they are. Files this
+    function wrote are reused while the manifest matches the config; when it does not (e.g.
+    ``mazes.train_preset`` changed for an existing run directory) that is a
+    :class:`ConfigError` naming the key, since training would otherwise go on, silently, on the
+    old mazes. Training rows carry ``mazes.reward_spec``; validation rows are the eval set
+    scored with ``task``. Every row's step budget is ``optimal moves + 1 + slack``, with the
+    slack from :func:`eval_slack`.
+    """
+    from maze_env import MazeSpec, get_eval_set
+    from maze_env.export import build_rows, write_rows
+    from maze_env.render import Style
+    from weight_sync.fs import atomic_write_json, read_json
+
+    train = Path(config.skyrl.data.train_data[0])
+    validation = Path(config.skyrl.data.val_data[0])
+    manifest = train.parent / DATA_MANIFEST
+    settings = dataset_settings(config)
+    slack = cast(int, settings["slack"])
+    if not overwrite and train.is_file() and validation.is_file():
+        recorded = read_json(manifest)
+        if not isinstance(recorded, dict):
+            return MazeDatasets(train, validation, None, slack, reused=True)
+        if recorded == settings:
+            return MazeDatasets(train, validation, manifest, slack, reused=True)
+        raise ConfigError(_mismatch(cast(dict[str, object], recorded), settings, train.parent))
+
+    mazes = config.mazes
+    batch = int(config.skyrl.trainer.train_batch_size)
+    if mazes.train_size < batch:  # SkyRL's loader drops a short batch: no step would run
+        raise ConfigError(
+            f"{batch} prompts per step is more than the {mazes.train_size} training mazes "
+            "(mazes.train_size)",
+            key="trainer.train_batch_size",
+        )
+    style = Style(cell_px=mazes.cell_px)
+    es = get_eval_set(mazes.eval_set)
+    rows = build_rows(
+        MazeSpec.parse(mazes.train_preset),
+        _training_seeds(config),
+        split="train",
+        slack=slack,
+        style=style,
+    )
+    val_rows = build_rows(es.spec, es.seeds, split="validation", slack=slack, style=style)
+    for group, spec in ((rows, mazes.reward_spec), (val_rows, EVAL_REWARD_SPEC)):
+        for row in group:
+            row["reward_spec"] = {**row["reward_spec"], "spec": spec}
+    write_rows(rows, train)
+    write_rows(val_rows, validation)
+    atomic_write_json(manifest, settings)
+    return MazeDatasets(train, validation, manifest, slack, reused=False)

@@ -63,6 +63,8 @@ def compute_advantages(
 
 @dataclass(frozen=True)
 class LossOutput:
+    """The loss to backpropagate and its scalar metrics under SkyRL's names."""
+
     loss: torch.Tensor
     metrics: dict[str, float]
 

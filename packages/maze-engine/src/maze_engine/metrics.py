@@ -19,6 +19,7 @@ PROM_PREFIX = "mazerl_"
 
 
 def prometheus_name(key: str) -> str:
+    """The Prometheus gauge name for metric ``key`` (see the module docs)."""
     return PROM_PREFIX + re.sub(r"[^a-zA-Z0-9]", "_", key)
 
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from maze_engine.errors import ConfigError
 
-def _split(uri: str) -> tuple[str, str]:
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix``; a malformed URI is a :class:`ConfigError`."""
     if not uri.startswith("s3://"):
-        raise ValueError(f"local.ckpt_s3_uri must look like s3://bucket/prefix, got {uri!r}")
+        raise ConfigError(
+            f"must look like s3://bucket/prefix, got {uri!r}", key="local.ckpt_s3_uri"
+        )
     bucket, _, prefix = uri[5:].partition("/")
     if not bucket:
-        raise ValueError(f"local.ckpt_s3_uri has no bucket: {uri!r}")
+        raise ConfigError(f"has no bucket: {uri!r}", key="local.ckpt_s3_uri")
     return bucket, prefix.strip("/")
 
 
@@ -23,7 +28,7 @@ def mirror_checkpoint(path: Path, uri: str, client: Any = None) -> list[str]:
     """Upload ``path`` (a ``global_step_N`` directory) under ``uri``; returns the object keys."""
     import boto3
 
-    bucket, prefix = _split(uri)
+    bucket, prefix = parse_s3_uri(uri)
     s3: Any = client or boto3.client("s3")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     files = sorted(p for p in path.rglob("*") if p.is_file())
     files.sort(key=lambda p: p.name == "manifest.json")  # manifest last

@@ -5,10 +5,10 @@ format (``<observation>``, ``<justification>``, ``<action>``) and each following
 real :func:`maze_env.prompts.feedback_message` with the real rendered image, so the training
 conversations are exactly what a rollout shows the policy.
 
-SFT trains **all weights** (AdamW): the tiny model starts random, and the reference runs showed
-that LoRA on a random model barely moves it. The result is saved as a plain (merged) checkpoint
-directory that :func:`maze_engine.model.load_vlm` loads, the analogue of the VisGym SFT
-checkpoint that GRPO + LoRA starts from on the cluster.
+SFT trains **all weights** (AdamW): the tiny model starts random, and LoRA on a random model
+barely moves it. The result is saved as a plain (merged) checkpoint directory that
+:func:`maze_policy.model.load_vlm` loads, the analogue of the VisGym SFT checkpoint that GRPO +
+LoRA starts from on the cluster.
 """
 
 from __future__ import annotations
@@ -23,25 +23,11 @@ from typing import Any, cast
 
 import torch
 
-from maze_engine.chat import Trajectory
-from maze_engine.policy import Policy, SamplingParams, sequence_logprobs
-
-Pos = tuple[int, int]
-
-
-def oracle_reply(agent: Pos, goal: Pos, action: str) -> str:
-    """The oracle's answer in VisGym's SFT format for ``action`` taken at ``agent``."""
-    where = (
-        f"<observation>I am at row {agent[0]}, column {agent[1]}. "
-        f"The goal is at row {goal[0]}, column {goal[1]}.</observation>"
-    )
-    if action == "stop":
-        why = "<justification>I am on the goal, so I stop.</justification>"
-    else:
-        why = (
-            f"<justification>Moving {action} follows the shortest path to the goal.</justification>"
-        )
-    return f"{where}{why}<action>{action}</action>"
+from maze_engine.config import WarmStartConfig
+from maze_engine.errors import MazeEngineError
+from maze_policy.chat import Trajectory
+from maze_policy.policy import Policy, sequence_logprobs
+from maze_policy.sampling import SamplingParams
 
 
 def _style(cell_px: int) -> Any:
@@ -53,7 +39,7 @@ def _style(cell_px: int) -> Any:
 def oracle_episode(policy: Policy, maze: Any, *, cell_px: int = 32) -> Trajectory:
     """Encode the oracle's full episode on ``maze``: every optimal move, then ``stop``."""
     from maze_env import MazeGame
-    from maze_env.prompts import feedback_message, initial_messages
+    from maze_env.prompts import feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
 
     renderer = Renderer(maze, _style(cell_px))
@@ -67,12 +53,14 @@ def oracle_episode(policy: Policy, maze: Any, *, cell_px: int = 32) -> Trajector
         if i + 1 < len(words):
             enc.add_user(traj, feedback_message(result, game.agent, game.steps_left, renderer))
     if not game.solved:
-        raise RuntimeError(f"oracle failed on maze seed {maze.seed}: a maze_env bug")
+        raise OracleError(f"oracle failed on maze seed {maze.seed}: a maze_env bug")
     return traj
 
 
 @dataclass(frozen=True, slots=True)
 class EvalResult:
+    """Totals of one :func:`evaluate_policy` run; ``seconds`` is its wall time."""
+
     episodes: int
     solved: int
     mean_turns: float
@@ -96,15 +84,17 @@ def evaluate_policy(
     seed: int = 0,
     slack: int | None = None,
 ) -> EvalResult:
-    """Play whole episodes on ``spec`` mazes ``seeds`` through the skyrl-gym env, as the trainer's
-    rollouts and maze-eval do (:func:`maze_engine.rollout.run_episodes`), ``batch_size`` games in
-    lockstep at a time.
+    """Play whole episodes on ``spec`` mazes ``seeds`` through the skyrl-gym env.
+
+    Episodes run as the trainer's rollouts and maze-eval run them
+    (:func:`maze_policy.rollout.run_episodes`), ``batch_size`` games in lockstep at a time.
 
     Greedy by default. Step budgets are optimal + 1 + ``slack`` (maze-env's default slack).
     """
-    from maze_engine.rollout import derive_seed, run_episodes
     from maze_env import DEFAULT_SLACK, MazeSpec
     from maze_env.export import build_rows
+    from maze_policy.rollout import run_episodes
+    from maze_policy.seeds import derive_seed
 
     params = params or SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
     rows = build_rows(
@@ -133,36 +123,14 @@ def evaluate_policy(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class SFTConfig:
-    spec: str = "7x7"
-    steps: int = 300
-    batch_size: int = 4
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    seed: int = 0
-    cell_px: int = 32
-    train_seed_offset: int = 1_000_000
-    """Training mazes use seeds from here on; evaluation uses small seeds, so they never overlap."""
-    max_seconds: float = 600.0
-    eval_every: int = 0
-    """Evaluate (greedy, ``eval_seeds``) every this many steps; 0 = only at the end."""
-    eval_seeds: tuple[int, ...] = tuple(range(32))
-    max_new_tokens: int = 32
-    freeze_patch_embed: bool = True
-    """Keep the vision patch projection fixed: its Conv3d weight gradient is the single most
-    expensive op of a CPU step, and a random projection already separates the maze colours."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps and batch_size must be >= 1")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+class OracleError(MazeEngineError):
+    """The oracle's own episode did not solve its maze: a bug in maze-env, never bad input."""
 
 
 @dataclass
 class SFTReport:
+    """What :func:`run_sft` did: its settings, every step's loss, periodic evals, time spent."""
+
     config: dict[str, Any]
     losses: list[float] = field(default_factory=list[float])
     action_accuracy: list[float] = field(default_factory=list[float])
@@ -202,7 +170,7 @@ def action_accuracy(policy: Policy, trajectories: Sequence[Trajectory]) -> float
     return float(hits.sum()) / max(1, int(mask.sum()))
 
 
-def _lr_lambda(cfg: SFTConfig) -> Any:
+def _lr_lambda(cfg: WarmStartConfig) -> Any:
     def f(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -214,19 +182,25 @@ def _lr_lambda(cfg: SFTConfig) -> Any:
 
 def run_sft(
     policy: Policy,
-    config: SFTConfig,
+    config: WarmStartConfig,
     *,
+    spec: str,
+    seed: int,
+    cell_px: int,
     out_dir: str | Path | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
 ) -> SFTReport:
-    """Train ``policy.model`` in place on oracle episodes; optionally save a checkpoint to ``out_dir``.
+    """Train ``policy.model`` in place on oracle episodes of ``spec`` mazes.
 
-    Stops after ``config.steps`` steps or ``config.max_seconds`` of training time, whichever first.
+    Stops after ``config.steps`` steps, or ``config.max_seconds`` of training time when set.
+    Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
+    eval sets' small seeds; ``out_dir`` saves the merged model there.
     """
     from maze_env import generate
+    from maze_env.export import TRAIN_SEED_OFFSET
 
     model = policy.model
-    report = SFTReport(config=asdict(config))
+    report = SFTReport(config={**asdict(config), "spec": spec, "seed": seed, "cell_px": cell_px})
     if config.freeze_patch_embed:
         for name, p in model.named_parameters():
             if "patch_embed" in name:
@@ -234,15 +208,15 @@ def run_sft(
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config))
-    rng_seed = config.train_seed_offset + config.seed * 1_000_003
+    rng_seed = TRAIN_SEED_OFFSET + seed * 1_000_003
     next_seed = rng_seed
     train_time = 0.0
     for step in range(config.steps):
-        if train_time >= config.max_seconds:
+        if config.max_seconds is not None and train_time >= config.max_seconds:
             break
         ts = time.perf_counter()
         trajs = [
-            oracle_episode(policy, generate(config.spec, next_seed + i), cell_px=config.cell_px)
+            oracle_episode(policy, generate(spec, next_seed + i), cell_px=cell_px)
             for i in range(config.batch_size)
         ]
         next_seed += config.batch_size
@@ -260,9 +234,9 @@ def run_sft(
             model.eval()
             res = evaluate_policy(
                 policy,
-                config.spec,
-                config.eval_seeds,
-                cell_px=config.cell_px,
+                spec,
+                tuple(range(config.eval_mazes)),
+                cell_px=cell_px,
                 max_new_tokens=config.max_new_tokens,
             )
             row = {
@@ -303,69 +277,3 @@ def save_merged(policy: Policy, out_dir: str | Path, report: SFTReport | None = 
     if report is not None:
         (out / "sft_report.json").write_text(json.dumps(asdict(report), indent=1))
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m maze_engine.sft --out DIR``: build (or load) a tiny VLM, SFT it, evaluate, save."""
-    import argparse
-
-    from maze_engine.model import TinyVLMConfig, build_tiny_vlm, load_vlm
-
-    ap = argparse.ArgumentParser(prog="python -m maze_engine.sft", description=main.__doc__)
-    ap.add_argument("--out", required=True, help="directory for the SFT'd (merged) checkpoint")
-    ap.add_argument(
-        "--base", help="start from this checkpoint directory instead of a fresh tiny VLM"
-    )
-    ap.add_argument("--spec", default="5x5")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--max-seconds", type=float, default=600.0)
-    ap.add_argument("--eval-every", type=int, default=0)
-    ap.add_argument("--eval-episodes", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (1 on shared cores)"
-    )
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    base = args.base
-    if base is None:
-        base = build_tiny_vlm(Path(args.out) / "_init", seed=args.seed, config=TinyVLMConfig())
-    model, processor = load_vlm(base)
-    policy = Policy(model, processor)
-    seeds = tuple(range(args.eval_episodes))
-    cfg = SFTConfig(
-        spec=args.spec,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        max_seconds=args.max_seconds,
-        eval_every=args.eval_every,
-        eval_seeds=seeds,
-    )
-    before = evaluate_policy(policy, args.spec, seeds[:8])
-    print(f"before: solve {before.solve_rate:.2%} on {before.episodes} mazes", flush=True)
-    report = run_sft(policy, cfg, log=lambda row: print(row, flush=True))
-    after = evaluate_policy(policy, args.spec, seeds)
-    report.evals.append(
-        {
-            "step": report.steps_done,
-            "train_seconds": report.seconds,
-            "solve_rate": after.solve_rate,
-            "valid_action_rate": after.valid_action_rate,
-        }
-    )
-    save_merged(policy, args.out, report)
-    print(
-        f"after {report.steps_done} steps / {report.seconds:.0f} s: solve {after.solve_rate:.2%} "
-        f"({after.solved}/{after.episodes}), valid actions {after.valid_action_rate:.2%}, "
-        f"mean turns {after.mean_turns:.1f}; saved {args.out}",
-        flush=True,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

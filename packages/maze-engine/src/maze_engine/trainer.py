@@ -1,11 +1,16 @@
-"""The local GRPO + LoRA trainer: Ray rollout workers, one learner, SkyRL's math and layout.
+"""The local GRPO + LoRA engine: Ray rollout workers, one learner, SkyRL's math and layout.
 
-One step: take ``train_batch_size`` prompts, let the workers play ``n_samples_per_prompt``
-episodes of each (every sample of a group is the same maze), score them with the maze env,
-compute GRPO advantages and the policy loss with SkyRL's functions, update the LoRA weights,
-and publish the new adapter through weight-sync, from which the workers load it. Every
-``ckpt_interval`` steps a SkyRL-layout checkpoint is written atomically, its adapter
-consolidated with lora-consolidate and published.
+:func:`train` runs four phases:
+
+1. **prepare data**: the ``mazes:`` datasets (:func:`maze_engine.data.export_datasets`);
+2. **base model**: ``trainer.policy.model.path`` as is, or the tiny VLM built from a config;
+3. **warm start**: a tiny model built here is trained on oracle episodes (``local.warm_start``)
+   and cached under ``<export_path>/base_model``;
+4. **fit**: GRPO steps. Each takes ``train_batch_size`` prompts, lets the workers play
+   ``n_samples_per_prompt`` episodes of each, scores them with the maze env, computes GRPO
+   advantages and the policy loss with SkyRL's functions, updates the LoRA weights and
+   publishes the adapter through weight-sync, from which the workers load it. Every
+   ``ckpt_interval`` steps a SkyRL-layout checkpoint is written atomically.
 
 Runs are deterministic on CPU: sampling seeds derive from ``(trainer.seed, step, shard, turn)``,
 thread counts are fixed, and a resumed run continues bit for bit where the checkpoint left off.
@@ -15,48 +20,51 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import random
 import shutil
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from maze_engine.chat import Batch
-from maze_engine.checkpoint import Checkpoint, CheckpointManager, rank_file
-from maze_engine.config import LocalConfig
-from maze_engine.data import PromptLoader, read_rows
+from maze_engine.checkpoint import (
+    Checkpoint,
+    CheckpointManager,
+    TrainState,
+    read_train_state,
+    write_train_state,
+)
+from maze_engine.config import TINY_MODEL, LocalConfig, MazerlConfig
+from maze_engine.data import PromptLoader, export_datasets, read_rows
+from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink
-from maze_engine.policy import Policy, SamplingParams, policy_logprobs, policy_logprobs_and_entropy
-from maze_engine.rollout import Episode, derive_seed, run_episodes
-from maze_engine.workers import RolloutWorker, load_policy, lora_config_from_skyrl
+from maze_engine.workers import RolloutWorker, lora_config_from_skyrl
+from maze_policy.chat import Batch
+from maze_policy.lora import load_policy
+from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entropy
+from maze_policy.rollout import Episode, run_episodes
+from maze_policy.sampling import SamplingParams
+from maze_policy.seeds import derive_seed
+from weight_sync import fs
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from skyrl.train.config import AlgorithmConfig
 
 log = logging.getLogger("maze_engine.trainer")
 
-FAULT_ENV = "MAZE_ENGINE_FAULT"
-"""Chaos testing: ``PHASE@STEP`` (phase ``rollout``, ``update`` or ``checkpoint``) makes the
-trainer SIGKILL itself at that point of that global step, as a lost node would end it."""
-
-
-def _fault(phase: str, step: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if spec and spec == f"{phase}@{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-TINY_MODEL = "tiny-qwen3vl"
-"""``trainer.policy.model.path`` value that builds (once) and warm-starts the tiny VLM."""
+BASE_MODEL_DIR = "base_model"
+"""Under ``trainer.export_path``: the tiny model after its warm start (reused by later runs)."""
 
 
 @dataclass
 class TrainResult:
+    """What a finished run reports: solve rates at each stage and where its outputs are."""
+
     run_dir: Path
     global_step: int
     eval_before: float | None
@@ -69,7 +77,7 @@ class TrainResult:
     """Oracle (SFT) steps of the warm start, when the base model was built here."""
 
 
-def _adapter_config(lora_cfg: Any, base: str) -> dict[str, Any]:
+def _adapter_config(lora_cfg: LoraConfig, base: str) -> dict[str, Any]:
     cfg = cast(dict[str, Any], lora_cfg.to_dict())
     for k, v in list(cfg.items()):
         if isinstance(v, set):
@@ -81,7 +89,9 @@ def _adapter_config(lora_cfg: Any, base: str) -> dict[str, Any]:
 class Rollouts:
     """Shards episodes over workers (Ray actors, or one in-process worker per shard)."""
 
-    def __init__(self, model_dir: Path, lora_cfg: Any, local: LocalConfig, sync_root: Path) -> None:
+    def __init__(
+        self, model_dir: Path, lora_cfg: LoraConfig, local: LocalConfig, sync_root: Path
+    ) -> None:
         self.shards = max(1, local.rollout_workers)
         self.ray = local.rollout_workers > 0
         # Absolute paths: Ray workers may run in another directory (under `uv run`, Ray ships
@@ -106,6 +116,7 @@ class Rollouts:
             self.workers = [RolloutWorker(*args)]
 
     def load_adapter(self, version: int) -> None:
+        """Make every worker load published adapter ``version`` (verified by weight-sync)."""
         if self.ray:
             import ray
 
@@ -123,6 +134,7 @@ class Rollouts:
         *,
         max_turns: int | None = None,
     ) -> list[Episode]:
+        """Play one episode per row on the workers; results come back in input order."""
         # Whole groups stay on one shard; the shard split depends only on the config.
         n = len(rows)
         bounds = [round(i * n / self.shards) for i in range(self.shards + 1)]
@@ -143,6 +155,7 @@ class Rollouts:
         return [ep for c in calls for ep in self.workers[0].rollout(*c, max_turns=max_turns)]
 
     def close(self) -> None:
+        """Stop the Ray actors (no-op in-process)."""
         if self.ray:
             import ray
 
@@ -150,56 +163,65 @@ class Rollouts:
                 ray.kill(w)
 
 
-def ensure_base_model(
-    path: str,
-    local: LocalConfig,
-    run_root: Path,
-    seed: int,
-    say: Callable[[str], None],
-    *,
-    eval_rows: Sequence[Mapping[str, Any]] | None = None,
-    eval_max_new_tokens: int = 24,
-    eval_max_turns: int | None = None,
-) -> Path:
-    """The model to train: a real checkpoint directory as is, or the tiny VLM built and
-    warm-started here (cached under ``run_root/base_model``).
+@dataclass(frozen=True)
+class Datasets:
+    """Phase 1's result: the rows both loops read."""
 
-    With ``eval_rows``, the randomly initialised model is scored on them (greedy, through the
-    env) before the warm start, and the solve rate is kept in ``sft_report.json`` as
-    ``random_init_solve_rate``: the main job's first figure.
-    """
-    if path != TINY_MODEL:
-        return Path(path)
-    out = run_root / "base_model"
-    if (out / "config.json").is_file() and (out / "sft_report.json").is_file():
-        return out
-    from maze_engine.model import TinyVLMConfig, build_tiny_vlm, load_vlm
-    from maze_engine.sft import SFTConfig, SFTReport, run_sft, save_merged
+    train: list[dict[str, Any]]
+    validation: list[dict[str, Any]]
 
-    staging = run_root / ".base_model.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    say(
-        f"building the tiny Qwen3-VL and warm-starting it on {local.sft_steps} oracle steps ({local.train_preset})"
+
+def prepare_data(config: MazerlConfig) -> Datasets:
+    """Phase 1: export (or reuse) the datasets and read their rows."""
+    export_datasets(config)
+    data = config.skyrl.data
+    return Datasets(read_rows(data.train_data), read_rows(data.val_data))
+
+
+def _eval_sampling(config: MazerlConfig) -> SamplingParams:
+    return SamplingParams(
+        greedy=True, max_new_tokens=int(config.skyrl.generator.sampling_params.max_generate_length)
     )
-    build_tiny_vlm(staging / "random", seed=seed, config=TinyVLMConfig(**local.tiny_model))
+
+
+def build_base_model(
+    config: MazerlConfig, staging: Path, data: Datasets, say: Callable[[str], None]
+) -> tuple[Policy, float | None]:
+    """Phase 2 for the tiny model: build it from a config, optionally scoring the random init.
+
+    With ``eval_before_train`` the random init is scored on the validation rows (the main job's
+    first figure); otherwise the score is None.
+    """
+    from maze_policy.model import TinyVLMConfig, build_tiny_vlm, load_vlm
+
+    seed = int(config.skyrl.trainer.seed)
+    build_tiny_vlm(staging / "random", seed=seed, config=TinyVLMConfig(**config.local.tiny_model))
     model, processor = load_vlm(staging / "random")
     policy = Policy(model, processor)
-    random_init: float | None = None
-    if eval_rows:
-        eps = run_episodes(
-            policy,
-            eval_rows,
-            sampling=SamplingParams(greedy=True, max_new_tokens=eval_max_new_tokens),
-            seed=derive_seed(seed, "eval"),
-            max_turns=eval_max_turns,
-        )
-        random_init = sum(e.solved for e in eps) / len(eps)
-        say(f"randomly initialised model: solve rate {random_init:.2%} on {len(eps)} eval mazes")
+    if not config.skyrl.trainer.eval_before_train:
+        return policy, None
+    eps = run_episodes(
+        policy,
+        data.validation,
+        sampling=_eval_sampling(config),
+        seed=derive_seed(seed, "eval"),
+        max_turns=config.max_turns,
+    )
+    random_init = sum(e.solved for e in eps) / len(eps)
+    say(f"randomly initialised model: solve rate {random_init:.2%} on {len(eps)} eval mazes")
+    return policy, random_init
+
+
+def warm_start(config: MazerlConfig, policy: Policy, random_init: float | None, out: Path) -> Path:
+    """Phase 3: oracle SFT of the tiny model (``local.warm_start``), saved merged at ``out``."""
+    from maze_engine.sft import SFTReport, run_sft, save_merged
+
+    ws = config.local.warm_start
     bar: Any = None
-    if local.progress and local.sft_steps:
+    if config.local.progress and ws.steps:
         from tqdm import tqdm
 
-        bar = tqdm(total=local.sft_steps, desc="warm start", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=ws.steps, desc="warm start", unit="step", dynamic_ncols=True)
 
     def on_log(row: dict[str, float]) -> None:
         if bar is not None:
@@ -210,91 +232,46 @@ def ensure_base_model(
         report = (
             run_sft(
                 policy,
-                SFTConfig(
-                    spec=local.train_preset,
-                    steps=local.sft_steps,
-                    seed=seed,
-                    cell_px=local.cell_px,
-                ),
+                ws,
+                spec=config.mazes.train_preset,
+                seed=int(config.skyrl.trainer.seed),
+                cell_px=config.mazes.cell_px,
                 log=on_log,
             )
-            if local.sft_steps
+            if ws.steps
             else SFTReport(config={"steps": 0})
         )
     finally:
         if bar is not None:
             bar.close()
     report.random_init_solve_rate = random_init
-    save_merged(policy, staging / "sft", report)
-    shutil.rmtree(out, ignore_errors=True)
-    (staging / "sft").rename(out)
-    shutil.rmtree(staging, ignore_errors=True)
+    with fs.staged_dir(out) as staged:
+        save_merged(policy, staged, report)
     return out
 
 
-def export_data(cfg: Any, local: LocalConfig, data_dir: Path) -> tuple[list[str], list[str]]:
-    """The local engine's datasets: ``data.train_data``/``val_data`` as they are when they exist,
-    otherwise exported there from the ``local:`` settings.
+def base_model_dir(config: MazerlConfig, data: Datasets, say: Callable[[str], None]) -> Path:
+    """Phases 2 and 3: the model GRPO starts from.
 
-    Files this function exported carry a manifest of those settings beside them (as
-    :func:`maze_engine.skyrl_cluster.prepare_datasets` writes on the cluster). When the settings
-    no longer match, e.g. ``local.train_preset`` changed for an existing run directory, that is
-    an error naming the key: training would otherwise go on, silently, on the old mazes, and
-    re-exporting would break the resumed run's dataloader position.
+    A real checkpoint directory is used as is; the tiny VLM is built and warm-started here
+    once, then reused from ``<export_path>/base_model``.
     """
-    from maze_engine.config import LocalConfigError
-    from maze_engine.skyrl_cluster import DATA_MANIFEST, read_json, write_json
-    from maze_env import __version__ as maze_env_version
-
-    train, val = [str(p) for p in cfg.data.train_data], [str(p) for p in cfg.data.val_data]
-    settings: dict[str, object] = {
-        "format": 1,
-        "maze_env": maze_env_version,
-        "train_size": local.train_size,
-        "train_preset": local.train_preset,
-        "eval_set": local.eval_set,
-        "slack": local.slack,
-        "cell_px": local.cell_px,
-        "reward_spec": local.reward_spec,
-    }
-    manifest = data_dir / DATA_MANIFEST
-    if all(Path(p).is_file() for p in train + val):
-        recorded = read_json(manifest)
-        if not isinstance(recorded, dict) or recorded == settings:
-            return train, val  # the user's own files (no manifest), or ours, unchanged
-        old = cast(dict[str, object], recorded)
-        key = next((k for k in settings if old.get(k) != settings[k]), None)
-        if key is None:  # a manifest with keys this version does not write
-            what, was = "the data settings differ and", repr(old)
-        else:
-            what = f"{f'local.{key}' if hasattr(local, key) else key} is {settings[key]!r} but"
-            was = repr(old.get(key))
-        raise LocalConfigError(
-            f"{what} the datasets in {data_dir} were exported with {was}; start a new run "
-            f"(MAZERL_RUN=... or trainer.export_path=...) or remove {data_dir}"
-        )
-    from maze_env import MazeSpec, get_eval_set
-    from maze_env.export import build_rows, train_seeds, write_rows
-    from maze_env.render import Style
-
-    style = Style(cell_px=local.cell_px)
-    spec = MazeSpec.parse(local.train_preset)
-    es = get_eval_set(local.eval_set)
-    try:
-        seeds = train_seeds(local.train_size, spec=spec, avoid=es.mazes)
-    except ValueError as exc:
-        log.warning("%s; training mazes will overlap %s", exc, es.name)
-        seeds = train_seeds(local.train_size, spec=spec)
-    rows = build_rows(spec, seeds, split="train", slack=local.slack, style=style)
-    for row in rows:
-        row["reward_spec"] = {**row["reward_spec"], "spec": local.reward_spec}
-    val_rows = build_rows(es.spec, es.seeds, split="validation", slack=local.slack, style=style)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    out = (
-        [str(write_rows(rows, data_dir / "train.parquet"))],
-        [str(write_rows(val_rows, data_dir / "validation.parquet"))],
+    path = str(config.skyrl.trainer.policy.model.path)
+    if path != TINY_MODEL:
+        return Path(path)
+    run_root = Path(config.skyrl.trainer.export_path)
+    out = run_root / BASE_MODEL_DIR
+    if (out / "config.json").is_file() and (out / "sft_report.json").is_file():
+        return out
+    staging = run_root / ".base_model.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    say(
+        f"building the tiny Qwen3-VL and warm-starting it on {config.local.warm_start.steps} "
+        f"oracle steps ({config.mazes.train_preset})"
     )
-    write_json(manifest, settings)
+    policy, random_init = build_base_model(config, staging, data, say)
+    warm_start(config, policy, random_init, out)
+    shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -305,13 +282,16 @@ def grpo_update(
     *,
     advantages: torch.Tensor,
     old_logprobs: torch.Tensor,
-    algo: Any,
+    algo: AlgorithmConfig,
     sampling: SamplingParams,
     max_grad_norm: float,
     ref_logprobs: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on one mini-batch: SkyRL's policy loss (+ KL) on the policy's
-    log-probs, gradient clipping, step. Returns the loss metrics plus ``policy/grad_norm``."""
+    """One optimizer step on one mini-batch.
+
+    SkyRL's policy loss (+ KL) on the policy's log-probs, gradient clipping, step. Returns the
+    loss metrics plus ``policy/grad_norm``.
+    """
     new, entropy = policy_logprobs_and_entropy(policy, batch, sampling)
     out = policy_loss(
         new,
@@ -331,57 +311,45 @@ def grpo_update(
 
 
 class Trainer:
-    def __init__(self, cfg: Any, local: LocalConfig, *, say: Callable[[str], None] = print) -> None:
-        self.cfg, self.local, self.say = cfg, local, say
-        t = cfg.trainer
+    """Phase 4: the GRPO loop over a prepared dataset and base model."""
+
+    def __init__(
+        self,
+        config: MazerlConfig,
+        data: Datasets,
+        model_dir: Path,
+        *,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.config, self.skyrl, self.say = config, config.skyrl, say
+        t = self.skyrl.trainer
         self.run_dir = Path(t.export_path)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.seed = int(t.seed)
-        self.n = int(cfg.generator.n_samples_per_prompt)
+        self.n = int(self.skyrl.generator.n_samples_per_prompt)
         self.algo = t.algorithm
-        sp = cfg.generator.sampling_params
+        sp = self.skyrl.generator.sampling_params
         self.sampling = SamplingParams(
             temperature=float(sp.temperature),
             top_p=float(sp.top_p),
             max_new_tokens=int(sp.max_generate_length),
         )
-        self.eval_sampling = SamplingParams(greedy=True, max_new_tokens=int(sp.max_generate_length))
-        # SkyRL's generator ends an episode after generator.max_turns turns; so does this engine,
-        # on top of each maze's own budget (local.slack). Too few turns for the eval set is an error.
-        from maze_engine.skyrl_cluster import eval_slack
-
-        self.max_turns = int(cfg.generator.max_turns)
-        eval_slack(self.max_turns, local.eval_set)  # raises SkyRLConfigError naming the key
-        torch.set_num_threads(local.torch_threads)
-
-        # Datasets first: the warm start of a model built here is scored on the eval rows.
-        train_files, val_files = export_data(cfg, local, self.run_dir / "data")
-        self.train_rows = read_rows(train_files)
-        self.val_rows = read_rows(val_files)
-        base_path = str(t.policy.model.path)
-        self.model_dir = ensure_base_model(
-            base_path,
-            local,
-            self.run_dir,
-            self.seed,
-            say,
-            eval_rows=self.val_rows if t.eval_before_train else None,
-            eval_max_new_tokens=int(sp.max_generate_length),
-            eval_max_turns=self.max_turns,
-        )
+        self.eval_sampling = _eval_sampling(config)
+        self.max_turns = config.max_turns
+        self.train_rows, self.val_rows = data.train, data.validation
+        self.model_dir = model_dir
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "lora-init"))
-            self.policy = load_policy(self.model_dir, self.lora_cfg, local.torch_threads)
+            self.policy = load_policy(self.model_dir, self.lora_cfg, config.local.torch_threads)
         self.params = [p for p in self.policy.model.parameters() if p.requires_grad]
         oc = t.policy.optimizer_config
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=float(oc.lr),
-            betas=tuple(oc.adam_betas),
+            betas=(float(oc.adam_betas[0]), float(oc.adam_betas[1])),
             weight_decay=float(oc.weight_decay),
         )
-        warmup = int(getattr(oc, "num_warmup_steps", 0) or 0)
+        warmup = int(oc.num_warmup_steps or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
         )
@@ -396,6 +364,7 @@ class Trainer:
         self.global_step = 0
         self.eval_before: float | None = None
         self.history: list[dict[str, float]] = []
+        local = config.local
         self.metrics = MetricsSink(
             self.run_dir / "metrics.jsonl",
             self.run_dir / "tensorboard" if local.tensorboard else None,
@@ -405,79 +374,49 @@ class Trainer:
 
     # ----- state --------------------------------------------------------------------------
     def lora_state(self) -> dict[str, torch.Tensor]:
+        """The trainable (LoRA) parameters, detached copies."""
         return {
             n: p.detach().clone()
             for n, p in self.policy.model.named_parameters()
             if p.requires_grad
         }
 
-    def _write_checkpoint(self, d: Path) -> None:
-        (d / "policy").mkdir()
-        torch.save(self.lora_state(), d / rank_file("model"))
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-            d / rank_file("optim"),
-        )
-        torch.save(
-            {
-                "torch_rng": torch.get_rng_state(),
-                "numpy_rng": np.random.get_state(),
-                "python_rng": random.getstate(),
-            },
-            d / rank_file("extra_state"),
-        )
-        _fault("checkpoint", self.global_step)
-        torch.save(self.loader.state_dict(), d / "data.pt")
-        torch.save(
-            {
-                "global_step": self.global_step,
-                "history": self.history,
-                "eval_before": self.eval_before,
-            },
-            d / "trainer_state.pt",
-        )
-        (d / "policy" / "fsdp_config.json").write_text(
-            json.dumps({"world_size": 1, "strategy": "local"})
-        )
-        from lora_consolidate import consolidate
-
-        consolidate(
-            d / "policy",
-            d / "policy" / "lora_adapter",
-            adapter_config=_adapter_config(self.lora_cfg, str(self.model_dir)),
-        )
-
     def save_checkpoint(self) -> Checkpoint:
-        ckpt = self.ckpts.save(self.global_step, self._write_checkpoint)
-        if self.local.ckpt_s3_uri:
+        """Write a SkyRL-layout checkpoint of this step (and mirror it to S3 if configured)."""
+        state = TrainState(
+            lora=self.lora_state(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            loader=self.loader.state_dict(),
+            global_step=self.global_step,
+            history=self.history,
+            eval_before=self.eval_before,
+        )
+        adapter_config = _adapter_config(self.lora_cfg, str(self.model_dir))
+        ckpt = self.ckpts.save(
+            self.global_step,
+            lambda d: write_train_state(d, state, adapter_config=adapter_config),
+        )
+        if self.config.local.ckpt_s3_uri:
             from maze_engine.s3_mirror import mirror_checkpoint
 
-            mirror_checkpoint(ckpt.path, self.local.ckpt_s3_uri)
+            mirror_checkpoint(ckpt.path, self.config.local.ckpt_s3_uri)
         return ckpt
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
-        state = torch.load(ckpt.path / rank_file("model"), weights_only=True)
+        """Restore weights, optimizer, RNGs, data position and history from ``ckpt``."""
         named = dict(self.policy.model.named_parameters())
-        missing = [k for k in named if named[k].requires_grad and k not in state]
-        if missing:
-            raise RuntimeError(
-                f"{ckpt.path}: checkpoint lacks LoRA parameters such as {missing[0]}"
-            )
+        trainable = [k for k, p in named.items() if p.requires_grad]
+        state = read_train_state(ckpt.path, trainable)
         with torch.no_grad():
-            for k, v in state.items():
+            for k, v in state.lora.items():
                 named[k].copy_(v)
-        opt = torch.load(ckpt.path / rank_file("optim"), weights_only=False)
-        self.optimizer.load_state_dict(opt["optimizer"])
-        self.scheduler.load_state_dict(opt["scheduler"])
-        extra = torch.load(ckpt.path / rank_file("extra_state"), weights_only=False)
-        torch.set_rng_state(extra["torch_rng"])
-        np.random.set_state(extra["numpy_rng"])
-        random.setstate(extra["python_rng"])
-        self.loader.load_state_dict(torch.load(ckpt.path / "data.pt", weights_only=False))
-        ts = torch.load(ckpt.path / "trainer_state.pt", weights_only=False)
-        self.global_step = int(ts["global_step"])
-        self.history = list(ts["history"])
-        self.eval_before = ts.get("eval_before")
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.loader.load_state_dict(state.loader)
+        self.global_step = state.global_step
+        self.history = state.history
+        self.eval_before = state.eval_before
 
     def publish_adapter(self) -> int:
         """Write the current adapter in PEFT layout and publish it; workers load that version."""
@@ -506,6 +445,7 @@ class Trainer:
 
     # ----- loop ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on the validation rows: ``eval/all/pass_at_1`` is the solve rate."""
         rows = self.val_rows
         eps = self.rollouts.run(
             rows,
@@ -523,6 +463,7 @@ class Trainer:
         }
 
     def train_step(self) -> dict[str, float]:
+        """One GRPO step: rollouts, advantages, policy update(s), adapter publish and sync."""
         t_step = time.perf_counter()
         batch_idx = self.loader.next_batch()
         rows = [self.train_rows[i] for i in batch_idx for _ in range(self.n)]
@@ -538,7 +479,7 @@ class Trainer:
             max_turns=self.max_turns,
         )
         t_generate = time.perf_counter() - t0
-        _fault("rollout", self.global_step + 1)
+        fault("rollout", self.global_step + 1)
 
         t0 = time.perf_counter()
         self.policy.model.train()
@@ -547,7 +488,7 @@ class Trainer:
         advantages = compute_advantages(
             rewards, full.loss_mask, np.array([e.group for e in episodes]), self.algo
         )
-        mb_size = int(self.cfg.trainer.policy_mini_batch_size) * self.n
+        mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         metrics: dict[str, float] = {}
         torch.manual_seed(
             derive_seed(self.seed, "update", self.global_step)
@@ -570,7 +511,7 @@ class Trainer:
                 metrics.get("policy/rollout_train_logprob_abs_diff_max", 0.0), float(diff.max())
             )
             minibatches.append((batch, adv, old, ref))
-        for _epoch in range(int(self.cfg.trainer.update_epochs_per_batch)):
+        for _epoch in range(int(self.skyrl.trainer.update_epochs_per_batch)):
             for batch, adv, old, ref in minibatches:
                 metrics.update(
                     grpo_update(
@@ -590,7 +531,7 @@ class Trainer:
         t_train = time.perf_counter() - t0
 
         self.global_step += 1
-        _fault("update", self.global_step)
+        fault("update", self.global_step)
         t0 = time.perf_counter()
         version = self.publish_adapter()
         self.rollouts.load_adapter(version)
@@ -617,7 +558,8 @@ class Trainer:
         return metrics
 
     def fit(self) -> TrainResult:
-        t = self.cfg.trainer
+        """Resume if a checkpoint verifies, train to the step budget, evaluate, export."""
+        t = self.skyrl.trainer
         ckpt = self.ckpts.resolve(str(t.resume_mode), t.resume_path)
         if ckpt is not None:
             self.load_checkpoint(ckpt)
@@ -635,10 +577,10 @@ class Trainer:
             self.eval_before = ev["eval/all/pass_at_1"]
             self.metrics.log(0, ev)
             self.say(
-                f"eval before training: {self.local.eval_set} solve rate {self.eval_before:.2%}"
+                f"eval before training: {self.config.mazes.eval_set} solve rate {self.eval_before:.2%}"
             )
         bar: Any = None
-        if self.local.progress:
+        if self.config.local.progress:
             from tqdm import tqdm
 
             bar = tqdm(
@@ -681,16 +623,9 @@ class Trainer:
         final = self.run_dir / "final_adapter"
         latest = self.store.latest()
         assert latest is not None
-        # Copy beside the target and swap in by rename, so a reader never sees a half copy.
-        staging = self.run_dir / ".final_adapter.staging"
-        retired = self.run_dir / ".final_adapter.old"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(retired, ignore_errors=True)
-        shutil.copytree(latest.path, staging)
-        if final.exists():
-            final.rename(retired)
-        staging.rename(final)
-        shutil.rmtree(retired, ignore_errors=True)
+        # Swapped in by rename, so a reader never sees a half copy.
+        with fs.staged_dir(final) as staging:
+            shutil.copytree(latest.path, staging, dirs_exist_ok=True)
         report_file = self.model_dir / "sft_report.json"
         report: dict[str, Any] = (
             json.loads(report_file.read_text()) if report_file.is_file() else {}
@@ -707,12 +642,18 @@ class Trainer:
         )
 
     def close(self) -> None:
+        """Stop the rollout workers and flush the metrics."""
         self.rollouts.close()
         self.metrics.close()
 
 
-def train(cfg: Any, local: LocalConfig, *, say: Callable[[str], None] = print) -> TrainResult:
-    trainer = Trainer(cfg, local, say=say)
+def train(config: MazerlConfig, *, say: Callable[[str], None] = print) -> TrainResult:
+    """Run the local engine's four phases and return what the run reports."""
+    torch.set_num_threads(config.local.torch_threads)
+    Path(config.skyrl.trainer.export_path).mkdir(parents=True, exist_ok=True)
+    data = prepare_data(config)  # first: a model built here is scored on the eval rows
+    model_dir = base_model_dir(config, data, say)
+    trainer = Trainer(config, data, model_dir, say=say)
     try:
         return trainer.fit()
     finally:

@@ -9,43 +9,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
+from maze_engine.errors import AdapterLoadError
+from maze_policy.lora import load_policy, lora_config
+from maze_policy.rollout import Episode, run_episodes
+from maze_policy.sampling import SamplingParams
 
-from maze_engine.policy import Policy, SamplingParams
-from maze_engine.rollout import Episode, run_episodes
-
-
-def lora_config_from_skyrl(lora: Any) -> Any:
-    """A peft ``LoraConfig`` from SkyRL's ``trainer.policy.model.lora`` keys."""
+if TYPE_CHECKING:
     from peft import LoraConfig
+    from skyrl.train.config import SkyRLLoraConfig
 
-    target = lora.target_modules
-    if isinstance(target, str) and target != "all-linear" and "," in target:
-        target = [t.strip() for t in target.split(",")]
-    return LoraConfig(
-        r=int(lora.rank),
-        lora_alpha=int(lora.alpha),
-        lora_dropout=float(lora.dropout),
-        target_modules=target,
+
+def lora_config_from_skyrl(lora: SkyRLLoraConfig) -> LoraConfig:
+    """The peft ``LoraConfig`` that SkyRL's ``trainer.policy.model.lora`` keys describe."""
+    return lora_config(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=lora.target_modules,
         exclude_modules=lora.exclude_modules,
     )
 
 
-def load_policy(model_dir: str | Path, lora_cfg: Any, threads: int) -> Policy:
-    from peft import get_peft_model
-
-    from maze_engine.model import load_vlm
-
-    torch.set_num_threads(threads)
-    model, processor = load_vlm(model_dir)
-    peft_model = get_peft_model(cast(Any, model), lora_cfg)
-    return Policy(cast(torch.nn.Module, peft_model), processor)
-
-
 class RolloutWorker:
-    def __init__(self, model_dir: str, lora_cfg: Any, threads: int, sync_root: str) -> None:
+    """Plays rollouts with its own base model plus the adapter version it last loaded."""
+
+    def __init__(self, model_dir: str, lora_cfg: LoraConfig, threads: int, sync_root: str) -> None:
         self.policy = load_policy(model_dir, lora_cfg, threads)
         self.sync_root = sync_root
         self.version: int | None = None
@@ -65,7 +55,9 @@ class RolloutWorker:
         result = set_peft_model_state_dict(cast(Any, self.policy.model), weights)
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
         if unexpected:
-            raise RuntimeError(f"adapter v{version} has keys this model lacks: {unexpected[:3]}")
+            raise AdapterLoadError(
+                f"adapter v{version} has keys this model lacks: {unexpected[:3]}"
+            )
         self.version = version
         return version
 

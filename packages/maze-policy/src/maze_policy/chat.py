@@ -23,11 +23,9 @@ from typing import Any, cast
 import torch
 from PIL import Image
 
+from maze_policy.errors import ChatEncodingError
+
 Message = Mapping[str, Any]
-
-
-class ChatEncodingError(ValueError):
-    """A message, image part or chat template that cannot be encoded."""
 
 
 @dataclass
@@ -253,9 +251,9 @@ class ChatEncoder:
         token_ids: Sequence[int],
         logprobs: Sequence[float] | None = None,
     ) -> None:
-        """Append sampled ids (mask 1), then the template's end of the turn not yet generated (mask 0).
+        r"""Append sampled ids (mask 1), then the template's end of the turn not yet generated (mask 0).
 
-        If the reply ends with ``<|im_end|>`` only the rest of the suffix (``\\n``) is added;
+        If the reply ends with ``<|im_end|>`` only the rest of the suffix (``\n``) is added;
         a reply cut off by ``max_new_tokens`` also gets a closing ``<|im_end|>`` with mask 0.
         """
         if logprobs is not None and len(logprobs) != len(token_ids):

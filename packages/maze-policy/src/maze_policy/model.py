@@ -31,6 +31,8 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from maze_policy.errors import ChatEncodingError, ModelLoadError, TokenizerError
+
 # Qwen2/Qwen3 special tokens, in Qwen's order. Training puts them at ids 0..13 of the tiny vocab.
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -84,10 +86,6 @@ TOKEN_PX = 32
 """Pixels per visual token: patch 16 merged 2x2."""
 
 
-class ModelLoadError(RuntimeError):
-    """A model directory that cannot be loaded as a Qwen2-VL / Qwen3-VL checkpoint."""
-
-
 @dataclass(frozen=True, slots=True)
 class TinyVLMConfig:
     """Sizes of the tiny Qwen3-VL. Defaults: ~0.4M parameters, a forward of a 7x7 maze turn in ms."""
@@ -110,14 +108,11 @@ class TinyVLMConfig:
     max_tokens: int = 1024
     """Most visual tokens per image; a 31x31 maze at 32 px/square still fits unresized."""
     rope_theta: float = 1_000_000.0
-    """Large, like Qwen3-VL's 5e6: more near-static rotary pairs for long-range content lookups
-    (measured here: SFT loss fell faster than with 1e4)."""
+    """Large, like Qwen3-VL's 5e6: more near-static rotary pairs for long-range content lookups."""
     vision_position_init_scale: float = 1.0
     """Vision position embeddings start as a 2D sinusoid of this amplitude instead of the default
-    N(0, 0.02). Random ones are ~40x smaller than the patch features, so a visual token barely
-    says *where* it is and learning to locate the agent stalls: in 5x5 warm starts (batch 4,
-    lr 3e-3) the loss fell from ~0.2 to ~0.01-0.03 around step 250-300 with amplitude 0.5 or 1.0
-    and stayed at ~0.15 through step 700 with the default init (see the maze-engine README)."""
+    N(0, 0.02), whose tiny values barely tell a visual token *where* it is, so learning to locate
+    the agent stalls."""
 
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
@@ -200,7 +195,6 @@ def _qwen3vl_config(cfg: TinyVLMConfig) -> Qwen3VLConfig:
 
 def tokenizer_corpus(max_side: int = 15) -> Iterator[str]:
     """Every text the maze prompts, feedback and oracle replies produce, for BPE training."""
-    from maze_engine.sft import oracle_reply
     from maze_env import Direction
     from maze_env.actions import parse_action
     from maze_env.game import (
@@ -210,7 +204,7 @@ def tokenizer_corpus(max_side: int = 15) -> Iterator[str]:
         FEEDBACK_STOP_GOAL,
         FEEDBACK_WALL,
     )
-    from maze_env.prompts import SYSTEM_PROMPT
+    from maze_env.prompts import SYSTEM_PROMPT, oracle_reply
 
     for _ in range(200):  # weight: the system prompt and chat roles open every episode
         yield SYSTEM_PROMPT
@@ -267,7 +261,7 @@ def train_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
     corpus = list(tokenizer_corpus())
     tok.train_from_iterator(corpus * 3, trainer=trainer)
     if tok.get_vocab_size() > vocab_size:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, over {vocab_size}")
+        raise TokenizerError(f"tokenizer has {tok.get_vocab_size()} tokens, over {vocab_size}")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=END_OF_TURN,
@@ -296,9 +290,12 @@ def tiny_image_processor(cfg: TinyVLMConfig | None = None) -> Qwen2VLImageProces
 
 
 def sinusoid_2d(positions: int, dim: int) -> torch.Tensor:
-    """``[positions, dim]`` embeddings of a square grid: half the channels encode the row, half
-    the column, as sin/cos pairs with periods from ~6 to ~60 cells (smooth under the bilinear
-    interpolation Qwen3-VL applies to fit each image's patch grid)."""
+    """``[positions, dim]`` 2-D sin/cos embeddings of a square grid.
+
+    Half the channels encode the row, half the column, as sin/cos pairs with periods from ~6 to
+    ~60 cells (smooth under the bilinear interpolation Qwen3-VL applies to fit each image's
+    patch grid).
+    """
     side = math.isqrt(positions)
     quarter = dim // 4
     freqs = 10.0 ** (-torch.arange(quarter, dtype=torch.float32) / max(1, quarter))
@@ -356,7 +353,7 @@ class _NoVideoProcessor:
     temporal_patch_size = 2
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("video inputs are not supported (no torchvision video processor)")
+        raise ChatEncodingError("video inputs are not supported (no torchvision video processor)")
 
 
 def _dir_chat_template(path: str) -> str | None:
@@ -458,4 +455,5 @@ def load_vlm(
 
 
 def count_parameters(model: torch.nn.Module) -> int:
+    """Number of parameter elements in ``model``, trainable or not."""
     return sum(p.numel() for p in model.parameters())

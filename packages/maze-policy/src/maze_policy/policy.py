@@ -17,7 +17,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from maze_engine.chat import Batch, ChatEncoder, Trajectory, collate
+from maze_policy.chat import Batch, ChatEncoder, Trajectory, collate
+from maze_policy.sampling import SamplingParams
 
 VISION_TOKENS: tuple[str, ...] = (
     "<|vision_start|>",
@@ -26,29 +27,6 @@ VISION_TOKENS: tuple[str, ...] = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    greedy: bool = False
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(
-                f"temperature must be > 0 (use greedy=True for argmax), got {self.temperature}"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def logprob_temperature(self) -> float:
-        """Temperature of the recorded log-probs: 1 for greedy decoding."""
-        return 1.0 if self.greedy else self.temperature
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +180,11 @@ def sequence_logprobs_and_entropy(
     suppress_ids: Sequence[int] | None = None,
     entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`sequence_logprobs` plus the policy distribution's entropy at each position
-    (``[B, L]``, same alignment, no gradient), from the same forward pass."""
+    """:func:`sequence_logprobs` plus the policy distribution's entropy, from one forward pass.
+
+    The entropy is per position (``[B, L]``, same alignment as the log-probs) and carries no
+    gradient.
+    """
     out = cast(Any, model)(**batch.model_inputs(), use_cache=False)
     logits = cast(torch.Tensor, out.logits)[:, :-1]
     suppress = None if suppress_ids is None else torch.tensor(list(suppress_ids), dtype=torch.long)
@@ -240,18 +221,3 @@ def policy_logprobs_and_entropy(
         suppress_ids=policy.suppress_ids,
         entropy=entropy,
     )
-
-
-def apply_lora(
-    model: nn.Module,
-    *,
-    rank: int = 8,
-    alpha: int = 16,
-    dropout: float = 0.0,
-    target_modules: str = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
-) -> nn.Module:
-    """Wrap ``model`` with LoRA on the language model's linear layers; the vision tower is excluded."""
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules)
-    return cast(nn.Module, get_peft_model(cast(Any, model), cfg))

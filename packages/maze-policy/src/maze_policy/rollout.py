@@ -10,21 +10,17 @@ sampling-time log-probs.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from maze_engine.chat import Trajectory
-from maze_engine.policy import Policy, SamplingParams
+from maze_env.export import ENV_CLASS
+from maze_policy.sampling import SamplingParams
+from maze_policy.seeds import derive_seed
 
-ENV_CLASS = "maze"
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed from its parts: rollouts are reproducible whatever ran before them."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+if TYPE_CHECKING:  # the episode loop itself needs no torch: endpoint evaluation uses it too
+    from maze_policy.chat import Trajectory
+    from maze_policy.policy import Policy
 
 
 @dataclass
@@ -47,8 +43,11 @@ def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def drop_nulls(value: Any) -> Any:
-    """Remove ``None`` fields that parquet adds to content parts (a text part read back from
-    parquet carries ``image_url: None``), so a message reads the same as before export."""
+    """Remove ``None`` fields that parquet adds to content parts, recursively.
+
+    A text part read back from parquet carries ``image_url: None``; dropping it makes a message
+    read the same as before export.
+    """
     if isinstance(value, Mapping):
         return {
             k: drop_nulls(v) for k, v in cast(Mapping[str, Any], value).items() if v is not None
@@ -58,7 +57,8 @@ def drop_nulls(value: Any) -> Any:
     return value
 
 
-def _make_env(row: Mapping[str, Any], env_config: Mapping[str, Any] | None) -> Any:
+def make_env(row: Mapping[str, Any], env_config: Mapping[str, Any] | None = None) -> Any:
+    """The skyrl-gym env for ``row``, built exactly as SkyRL builds it (``skyrl_gym.make``)."""
     import skyrl_gym
 
     from maze_verifier import register_env
@@ -87,7 +87,7 @@ def run_episodes(
     ``max_turns`` caps turns on top of each env's own budget.
     """
     tok = policy.processor.tokenizer
-    envs = [_make_env(row, env_config) for row in rows]
+    envs = [make_env(row, env_config) for row in rows]
     episodes: list[Episode] = []
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
         prompt, _meta = env.init(drop_nulls(row["prompt"]))

@@ -1,0 +1,57 @@
+"""maze-engine's errors: one root, so a caller can catch everything the engine raises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class MazeEngineError(Exception):
+    """Root of every error maze-engine raises."""
+
+
+def show_value(value: object) -> str:
+    """A value as it would be written in the YAML file or an override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+class ConfigError(MazeEngineError, ValueError):
+    """A config file, override or value the engines cannot run; names the key and the allowed values."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        allowed: Sequence[object] | None = None,
+        source: str | None = None,
+    ) -> None:
+        self.detail = message
+        self.key = key
+        self.allowed = tuple(allowed) if allowed is not None else None
+        self.source = source
+        text = f"{key}: {message}" if key else message
+        if self.allowed is not None:
+            text += f"; allowed values: {', '.join(show_value(a) for a in self.allowed)}"
+        if source:
+            text += f" (in {source})"
+        super().__init__(text)
+
+
+class DatasetError(MazeEngineError, ValueError):
+    """A dataset file that is missing, unreadable, or lacks the columns the maze env needs."""
+
+
+class CheckpointError(MazeEngineError, RuntimeError):
+    """A checkpoint that cannot be written or used; the message names the path and the reason."""
+
+
+class AdapterLoadError(MazeEngineError, ValueError):
+    """A published adapter a rollout worker cannot load into its model."""
+
+
+class GpuImageRequiredError(MazeEngineError, RuntimeError):
+    """SkyRL training was started where ``skyrl[fsdp]`` (vLLM, flash-attn) is not installed."""
