@@ -128,7 +128,7 @@ def test_dead_endpoint_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_in_process_random_model_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from maze_engine.model import build_tiny_vlm
+    from maze_policy.model import build_tiny_vlm
 
     model = build_tiny_vlm(tmp_path / "model", seed=0)
     out = tmp_path / "r.jsonl"

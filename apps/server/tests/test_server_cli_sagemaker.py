@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
-from maze_engine.model import build_tiny_vlm, load_vlm
-from maze_serving import free_port
+from maze_policy.model import build_tiny_vlm, load_vlm
+from maze_serving.server import free_port
 
 TARGETS = r".*language_model.*\.(q_proj|v_proj)"
 
@@ -199,7 +199,7 @@ def test_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_cli_mode_with_lora_modules(tiny: Path, adapter: Path) -> None:
     from maze_server.cli import build
-    from maze_serving import serve_in_thread
+    from maze_serving.server import serve_in_thread
 
     launch = build(
         ["--model", str(tiny), "--served-model-name", "maze", "--lora-modules", f"a={adapter}"]

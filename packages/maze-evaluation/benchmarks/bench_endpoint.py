@@ -1,5 +1,7 @@
-"""Endpoint client throughput against the scripted loopback server: concurrency 1 (baseline,
-one request at a time) side by side with higher concurrency, on the same episodes.
+"""Endpoint client throughput against the scripted loopback server.
+
+Concurrency 1 (baseline, one request at a time) side by side with higher concurrency, on the
+same episodes.
 
     uv run python packages/maze-evaluation/benchmarks/bench_endpoint.py [--limit 16] [--delay-ms 20]
 
@@ -17,6 +19,7 @@ from maze_evaluation.testing import ScriptedServer
 
 
 def main() -> None:
+    """Play the same episodes at each ``--concurrency`` and print episodes/s and speedup."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--eval-set", default="easy-64")
     ap.add_argument("--limit", type=int, default=16)
@@ -24,7 +27,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     args = ap.parse_args()
     with ScriptedServer(delay_s=args.delay_ms / 1000) as srv:
-        # Warm-up: pays the one-off skyrl-gym import so it is not billed to the baseline.
+        # Warm-up: pays the one-off skyrl-gym and torch imports so they are not billed to the baseline.
         evaluate(
             EndpointBackend(srv.url, "stopper"), eval_set=args.eval_set, limit=1, progress=False
         )

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,9 +13,11 @@ from maze_evaluation import (
     EvalRecord,
     chat_url,
     evaluate,
+    sampling_params,
     summarize,
 )
 from maze_evaluation.testing import ScriptedServer
+from maze_policy.sampling import SamplingParams
 
 SET = "small-64"
 N = 6
@@ -143,3 +147,19 @@ def test_chat_url_forms() -> None:
     assert chat_url("http://h:1") == "http://h:1/v1/chat/completions"
     assert chat_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
     assert chat_url("http://h:1/v1/chat/completions") == "http://h:1/v1/chat/completions"
+
+
+def test_sampling_defaults_are_evaluations_own() -> None:
+    assert sampling_params(1, None) == SamplingParams(1.0, 1.0, 256, greedy=True)
+    assert sampling_params(4, None) == SamplingParams(1.0, 1.0, 256, greedy=False)
+    assert sampling_params(1, 0.7, 32) == SamplingParams(0.7, 1.0, 32, greedy=False)
+    with pytest.raises(ValueError, match="sampling needs temperature > 0, got 0"):
+        sampling_params(1, 0.0)
+
+
+def test_endpoint_side_imports_no_torch() -> None:
+    code = (
+        "import sys, maze_evaluation, maze_evaluation.runner, maze_evaluation.endpoint; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

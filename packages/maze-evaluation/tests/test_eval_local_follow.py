@@ -46,11 +46,11 @@ def test_bad_model_and_adapter_dirs_are_clear_errors(tiny_model: Path, tmp_path:
 def _publish_adapter(model_dir: Path, out: Path, seed: int, store: AdapterStore) -> int:
     import torch
 
-    from maze_engine.model import load_vlm
-    from maze_engine.policy import apply_lora
+    from maze_policy.lora import apply_lora, lora_config
+    from maze_policy.model import load_vlm
 
     model, _ = load_vlm(model_dir)
-    peft = apply_lora(model, rank=2, alpha=4)
+    peft = apply_lora(model, lora_config(rank=2, alpha=4))
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in peft.named_parameters():

@@ -14,7 +14,6 @@ from maze_evaluation import (
     Job,
     Played,
     ResultsFileError,
-    Sampling,
     compare_lines,
     episode_differences,
     evaluate,
@@ -23,6 +22,7 @@ from maze_evaluation import (
     write_report,
 )
 from maze_evaluation.testing import ScriptedServer
+from maze_policy.sampling import SamplingParams
 
 SET = "small-64"
 N = 6
@@ -56,7 +56,7 @@ class StopAfter:
         return self.inner.identity
 
     def play(
-        self, jobs: Sequence[Job], sampling: Sampling, on_done: Callable[[Played], None]
+        self, jobs: Sequence[Job], sampling: SamplingParams, on_done: Callable[[Played], None]
     ) -> None:
         seen = 0
 

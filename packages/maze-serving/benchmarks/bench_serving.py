@@ -3,7 +3,7 @@
 Starts the real server (``python -m maze_server``, a separate process) on 127.0.0.1 and drives
 ``/v1/chat/completions`` with httpx; each request is the first turn of a maze episode (system
 prompt + token-aligned maze image + task text) with a fixed number of generated tokens. The
-baseline is the same generation called in-process through ``maze_engine.Policy`` (no HTTP,
+baseline is the same generation called in-process through ``maze_policy.policy.Policy`` (no HTTP,
 no queue), so the table shows what the server adds.
 
     uv run python packages/maze-serving/benchmarks/bench_serving.py [--requests 40] [--tokens 16]
@@ -24,12 +24,14 @@ from typing import Any
 import httpx
 import torch
 
-from maze_engine.model import build_tiny_vlm, load_vlm
-from maze_engine.policy import Policy, SamplingParams
-from maze_serving import free_port
+from maze_policy.model import build_tiny_vlm, load_vlm
+from maze_policy.policy import Policy
+from maze_policy.sampling import SamplingParams
+from maze_serving.server import free_port
 
 
 def maze_messages() -> list[dict[str, Any]]:
+    """The first-turn messages of one easy maze episode, with a token-aligned image."""
     from maze_env.maze import generate
     from maze_env.prompts import initial_messages
     from maze_env.render import token_aligned_style
@@ -40,11 +42,13 @@ def maze_messages() -> list[dict[str, Any]]:
 
 
 def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank)."""
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def baseline(model_dir: Path, messages: list[dict[str, Any]], n: int, tokens: int) -> list[float]:
+    """Latencies of ``n`` in-process generations of ``tokens`` tokens, after two warm-up calls."""
     torch.set_num_threads(1)
     model, processor = load_vlm(model_dir)
     policy = Policy(model, processor)
@@ -62,11 +66,17 @@ def baseline(model_dir: Path, messages: list[dict[str, Any]], n: int, tokens: in
 async def drive(
     url: str, body: dict[str, Any], n: int, concurrency: int
 ) -> tuple[float, list[float]]:
+    """Send ``n`` requests, ``concurrency`` at a time, after two warm-up ones.
+
+    Returns:
+        The wall time of the ``n`` requests and each one's latency.
+    """
     lat: list[float] = []
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=120) as client:
 
         async def one() -> None:
+            """Send one request under the semaphore and record its latency."""
             async with sem:
                 t0 = time.perf_counter()
                 r = await client.post(f"{url}/v1/chat/completions", json=body)
@@ -82,6 +92,7 @@ async def drive(
 
 
 def main() -> None:
+    """Build the tiny model, start the server, and print the baseline and server tables."""
     p = argparse.ArgumentParser(description="Benchmark maze-serve on the tiny model.")
     p.add_argument("--requests", type=int, default=40)
     p.add_argument("--tokens", type=int, default=16)

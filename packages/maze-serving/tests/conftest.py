@@ -12,8 +12,10 @@ import httpx
 import pytest
 import torch
 
-from maze_engine.model import build_tiny_vlm, load_vlm
-from maze_serving import EngineConfig, ServingEngine, create_app, serve_in_thread
+from maze_policy.model import build_tiny_vlm, load_vlm
+from maze_serving.app import create_app
+from maze_serving.engine import EngineConfig, ServingEngine
+from maze_serving.server import serve_in_thread
 
 BASE = "tiny"
 TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"

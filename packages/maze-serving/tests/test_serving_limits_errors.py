@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from maze_serving import EngineConfig, create_app, serve_in_thread
+from maze_serving.app import create_app
+from maze_serving.engine import EngineConfig
+from maze_serving.server import serve_in_thread
 
 BASE = "tiny"
 ServerFactory = Callable[..., AbstractContextManager[str]]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from maze_serving.deploy import rayservice_manifest, rayservice_text
+from maze_serving import deploy
 
 
 def test_rayservice_uses_build_openai_app_with_dynamic_lora() -> None:
-    loaded = rayservice_manifest()
+    loaded = deploy.rayservice_manifest()
     manifest, serve = loaded["manifest"], loaded["serve_config"]
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"
     (app,) = serve["applications"]
@@ -25,4 +25,4 @@ def test_rayservice_uses_build_openai_app_with_dynamic_lora() -> None:
         for w in workers
         for c in w["template"]["spec"]["containers"]
     )
-    assert "build_openai_app" in rayservice_text()
+    assert "build_openai_app" in deploy.rayservice_text()

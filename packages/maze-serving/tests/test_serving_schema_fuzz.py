@@ -10,7 +10,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from maze_serving import EngineConfig, create_app, serve_in_thread
+from maze_serving.app import create_app
+from maze_serving.engine import EngineConfig
+from maze_serving.server import serve_in_thread
 
 
 @pytest.fixture(scope="module")

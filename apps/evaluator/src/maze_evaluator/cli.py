@@ -63,6 +63,7 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``maze-eval`` parser: run, compare, summary, report, gif and follow."""
     parser = argparse.ArgumentParser(
         prog="maze-eval",
         description="Evaluate a VLM on the fixed maze sets. Without a subcommand, 'run' is "
@@ -160,7 +161,8 @@ def _endpoint(args: argparse.Namespace, model: str, version: int | None = None) 
 
 def _run(args: argparse.Namespace) -> int:
     from maze_env import get_eval_set
-    from maze_evaluation import LocalBackend, evaluate, summarize, write_report
+    from maze_evaluation import evaluate, summarize, write_report
+    from maze_evaluation.local import LocalBackend
 
     _check_backend(args)
     kwargs = _eval_kwargs(args)
@@ -187,7 +189,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace) -> int:
     from maze_env import get_eval_set
-    from maze_evaluation import LocalBackend, Summary, follow
+    from maze_evaluation import Summary, follow
+    from maze_evaluation.local import LocalBackend
     from weight_sync import PublishedVersion
 
     _check_backend(args)
@@ -254,6 +257,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``maze-eval``; a bare argument list means ``run``, ``--compare A B`` means ``compare``.
+
+    Args:
+        argv: Command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 on success, 2 for bad arguments or input files, 1 when the backend or
+        the evaluation fails, 130 when interrupted.
+    """
     from maze_env import EvalSetError
     from maze_evaluation import BackendError, EvaluationError, ResultsFileError
 

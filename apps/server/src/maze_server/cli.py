@@ -33,6 +33,7 @@ SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``maze-serve`` parser: model, adapters, limits and bind address."""
     p = argparse.ArgumentParser(
         prog="maze-serve",
         description="Serve a Qwen-VL model + LoRA adapters (OpenAI, vLLM LoRA and SageMaker routes).",
@@ -94,6 +95,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class Launch:
+    """A built app and where to serve it; :func:`main` binds ``host:port`` and runs it."""
+
     app: FastAPI
     host: str
     port: int
@@ -140,8 +143,16 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
 
 
 def create(settings: Settings) -> Launch:
-    """Build the app: the heavy imports (torch, transformers) happen here."""
-    from maze_serving import EngineConfig, create_app
+    """Build the app; the heavy imports (torch, transformers, FastAPI) happen here.
+
+    Args:
+        settings: What :func:`resolve` made of the arguments and environment.
+
+    Returns:
+        The app (model not loaded yet) and where to bind it.
+    """
+    from maze_serving.app import create_app
+    from maze_serving.engine import EngineConfig
 
     args = settings.args
     config = EngineConfig(
@@ -166,6 +177,14 @@ def build(argv: Sequence[str] | None = None) -> Launch:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``maze-serve``: bind the port, answer ``/ping`` early, then serve the app.
+
+    Args:
+        argv: Command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 after a clean shutdown, 2 for bad arguments or a port in use.
+    """
     try:
         settings = resolve(argv)
     except UsageError as exc:
@@ -185,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with EarlyResponder(sock):
         launch = create(settings)
-    from maze_serving import run
+    from maze_serving.server import run
 
     run(launch.app, host=launch.host, port=launch.port, log_level=launch.log_level, sock=sock)
     return 0

@@ -24,6 +24,11 @@ SERIES = "series.jsonl"
 
 
 def read_series(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of ``out_dir/series.jsonl`` (empty if absent); a torn last line is dropped.
+
+    Raises:
+        ResultsFileError: A line before the last is not JSON.
+    """
     path = Path(out_dir) / SERIES
     if not path.exists():
         return []
@@ -41,6 +46,18 @@ def read_series(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _append_series(out_dir: Path, pv: PublishedVersion, summary: Summary) -> None:
+    entry = {
+        "version": pv.version,
+        "step": pv.step,
+        "published_at": pv.published_at,
+        "evaluated_at": time.time(),
+        **summary.to_dict(),
+    }
+    with (out_dir / SERIES).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
 def follow(
     sync_dir: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -53,8 +70,11 @@ def follow(
     on_summary: Callable[[int, Summary], None] | None = None,
     **eval_kwargs: Any,
 ) -> list[Summary]:
-    """Evaluate each newer published version until ``idle_timeout`` seconds pass without one,
-    ``max_versions`` were evaluated, or ``stop`` is set. ``eval_kwargs`` go to :func:`evaluate`."""
+    """Evaluate each published version newer than the series holds, until told to stop.
+
+    Stops when ``idle_timeout`` seconds pass without a new version, ``max_versions`` were
+    evaluated, or ``stop`` is set. ``eval_kwargs`` go to :func:`evaluate`.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     done = [int(e["version"]) for e in read_series(out)]
@@ -67,15 +87,7 @@ def follow(
                 backend, out=out / f"v{pv.version:06d}.jsonl", resume=True, **eval_kwargs
             )
             s = summarize(records)
-            entry = {
-                "version": pv.version,
-                "step": pv.step,
-                "published_at": pv.published_at,
-                "evaluated_at": time.time(),
-                **s.to_dict(),
-            }
-            with (out / SERIES).open("a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
+            _append_series(out, pv, s)
             summaries.append(s)
             if on_summary is not None:
                 on_summary(pv.version, s)

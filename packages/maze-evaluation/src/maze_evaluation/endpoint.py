@@ -15,9 +15,10 @@ from typing import Any, cast
 
 import httpx
 
-from maze_evaluation.episodes import Job, Played, Sampling, make_env
+from maze_evaluation.episodes import Job, Played
 from maze_evaluation.errors import EndpointError
 from maze_evaluation.records import Identity
+from maze_policy.sampling import SamplingParams
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -43,6 +44,8 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 class EndpointBackend:
+    """Plays episodes through an OpenAI-compatible chat endpoint, ``concurrency`` at a time."""
+
     def __init__(
         self,
         endpoint: str,
@@ -78,13 +81,13 @@ class EndpointBackend:
         return self._identity
 
     def play(
-        self, jobs: Sequence[Job], sampling: Sampling, on_done: Callable[[Played], None]
+        self, jobs: Sequence[Job], sampling: SamplingParams, on_done: Callable[[Played], None]
     ) -> None:
         if jobs:
             asyncio.run(self._play_all(jobs, sampling, on_done))
 
     async def _play_all(
-        self, jobs: Sequence[Job], sampling: Sampling, on_done: Callable[[Played], None]
+        self, jobs: Sequence[Job], sampling: SamplingParams, on_done: Callable[[Played], None]
     ) -> None:
         sem = asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency)
@@ -103,8 +106,12 @@ class EndpointBackend:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _episode(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, job: Job, sampling: Sampling
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, job: Job, sampling: SamplingParams
     ) -> Played:
+        # maze_policy.rollout imports torch (its chat and policy modules): load it on first use,
+        # so importing this backend stays light.
+        from maze_policy.rollout import make_env
+
         t0 = time.monotonic()
         env = make_env(job.row)
         prompt, _ = env.init(list(job.row["prompt"]))
@@ -124,7 +131,7 @@ class EndpointBackend:
         return Played(job, replies, reward, time.monotonic() - t0)
 
     def request_body(
-        self, messages: Sequence[Mapping[str, Any]], sampling: Sampling, seed: int
+        self, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, seed: int
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
@@ -142,7 +149,7 @@ class EndpointBackend:
         client: httpx.AsyncClient,
         sem: asyncio.Semaphore,
         messages: Sequence[Mapping[str, Any]],
-        sampling: Sampling,
+        sampling: SamplingParams,
         seed: int,
     ) -> str:
         """One completion, retried; raises :class:`EndpointError` with the last cause."""

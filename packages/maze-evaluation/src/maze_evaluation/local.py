@@ -1,6 +1,6 @@
-"""In-process backend: a model directory (+ optional PEFT adapter) played by maze-engine.
+"""In-process backend: a model directory (+ optional PEFT adapter) played by maze-policy.
 
-Episodes run through :func:`maze_engine.rollout.run_episodes`, the trainer's own rollout loop,
+Episodes run through :func:`maze_policy.rollout.run_episodes`, the trainer's own rollout loop,
 in batches so results are written as each batch finishes. Needs the ``local`` extra.
 """
 
@@ -11,14 +11,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from maze_evaluation.episodes import Job, Played, Sampling
+from maze_evaluation.episodes import Job, Played
 from maze_evaluation.errors import BackendError
 from maze_evaluation.records import Identity
+from maze_policy.sampling import SamplingParams
 
 ADAPTER_FILES = ("adapter_config.json",)
 
 
 class LocalBackend:
+    """Plays episodes in-process with a model directory and an optional PEFT adapter."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -33,8 +36,9 @@ class LocalBackend:
         try:
             import torch
 
-            from maze_engine.model import ModelLoadError, load_vlm
-            from maze_engine.policy import Policy
+            from maze_policy.errors import ModelLoadError
+            from maze_policy.model import load_vlm
+            from maze_policy.policy import Policy
         except ImportError as exc:
             raise BackendError(
                 f"the in-process backend needs the 'local' extra (pip install 'maze-evaluation[local]'): {exc}"
@@ -87,24 +91,17 @@ class LocalBackend:
         self._identity = Identity("local", str(self.model_dir), str(path), version)
 
     def play(
-        self, jobs: Sequence[Job], sampling: Sampling, on_done: Callable[[Played], None]
+        self, jobs: Sequence[Job], sampling: SamplingParams, on_done: Callable[[Played], None]
     ) -> None:
-        from maze_engine.policy import SamplingParams
-        from maze_engine.rollout import run_episodes
+        from maze_policy.rollout import run_episodes
 
-        params = SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_new_tokens=sampling.max_new_tokens,
-            greedy=sampling.greedy,
-        )
         for start in range(0, len(jobs), self.batch_size):
             chunk = jobs[start : start + self.batch_size]
             t0 = time.monotonic()
             # Sampled runs seed each batch from its first episode's seed: reproducible for the
             # same batch composition (greedy runs do not depend on it).
             episodes = run_episodes(
-                self.policy, [j.row for j in chunk], sampling=params, seed=chunk[0].seed
+                self.policy, [j.row for j in chunk], sampling=sampling, seed=chunk[0].seed
             )
             per = (time.monotonic() - t0) / len(chunk)
             for job, ep in zip(chunk, episodes, strict=True):

@@ -91,6 +91,7 @@ def replay_path(
 
 
 def count_loops(path: Sequence[tuple[int, int]]) -> int:
+    """How many steps of ``path`` land on a square already visited."""
     seen: set[tuple[int, int]] = set()
     loops = 0
     for pos in path:

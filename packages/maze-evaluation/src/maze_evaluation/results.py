@@ -16,9 +16,12 @@ log = logging.getLogger(__name__)
 
 
 def read_records(path: str | os.PathLike[str], *, repair: bool = False) -> list[EvalRecord]:
-    """All records in ``path``. A torn last line (an interrupted write) is skipped with a warning,
-    and with ``repair`` cut off the file so appends start on a clean line; a bad line elsewhere
-    is an error naming the file and line."""
+    """All records in ``path``.
+
+    A torn last line (an interrupted write) is skipped with a warning, and with ``repair`` cut
+    off the file so appends start on a clean line; a bad line elsewhere is an error naming the
+    file and line.
+    """
     p = Path(path)
     try:
         data = p.read_bytes()

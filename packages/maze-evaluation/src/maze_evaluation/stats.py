@@ -33,6 +33,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    """One run's figures: solve rate with its 95% CI, pass@k, moves vs optimal, failure counts."""
+
     eval_set: str
     mazes: int
     episodes: int
@@ -89,6 +91,11 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def summarize(records: Sequence[EvalRecord]) -> Summary:
+    """The :class:`Summary` of one run's records.
+
+    Raises:
+        ValueError: ``records`` is empty.
+    """
     if not records:
         raise ValueError("no records to summarize")
     per_maze: dict[int, list[bool]] = defaultdict(list)
@@ -182,8 +189,11 @@ OUTCOME_FIELDS = ("solved", "reward", "failure", "turns", "moves", "path", "repl
 def episode_differences(
     a: Sequence[EvalRecord], b: Sequence[EvalRecord], fields: Sequence[str] = OUTCOME_FIELDS
 ) -> list[tuple[tuple[int, int], str]]:
-    """``(seed, sample)`` and field for every episode whose outcome differs between two runs
-    (``"missing"`` where only one run has it): e.g. an endpoint run vs an in-process one."""
+    """``(seed, sample)`` and field for every episode whose outcome differs between two runs.
+
+    The field is ``"missing"`` where only one run has the episode. Use it to compare e.g. an
+    endpoint run with an in-process one.
+    """
     ma = {r.key: asdict(r) for r in a}
     mb = {r.key: asdict(r) for r in b}
     out: list[tuple[tuple[int, int], str]] = []

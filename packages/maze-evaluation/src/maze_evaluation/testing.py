@@ -73,6 +73,11 @@ def _wrap(action: str) -> str:
 
 
 def scripted_reply(policy: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """The reply of the scripted ``policy`` to the conversation so far (see the module docs).
+
+    Raises:
+        ValueError: ``policy`` is not one of :data:`POLICIES`.
+    """
     if policy == "garbage":
         return "I am not sure what to do here."
     if policy == "stopper":

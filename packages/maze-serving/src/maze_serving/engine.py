@@ -31,9 +31,11 @@ from PIL import Image
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from maze_engine.chat import ChatEncodingError, Trajectory
-from maze_engine.model import ModelLoadError, load_vlm
-from maze_engine.policy import Policy, SamplingParams
+from maze_policy.chat import Trajectory
+from maze_policy.errors import ChatEncodingError, ModelLoadError
+from maze_policy.model import load_vlm
+from maze_policy.policy import Policy
+from maze_policy.sampling import SamplingParams
 from maze_serving.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -87,6 +89,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
+    """One chat generation: messages, sampling, seed, minimum length, whether to return logprobs."""
+
     messages: Sequence[Mapping[str, Any]]
     params: SamplingParams
     seed: int
@@ -96,6 +100,12 @@ class GenerationRequest:
 
 @dataclass(slots=True)
 class GenerationOutput:
+    """What one generation produced.
+
+    ``finish_reason`` is ``"stop"``, ``"length"`` or ``"cancelled"`` (the client went away or the
+    request timed out).
+    """
+
     token_ids: list[int]
     text: str
     logprobs: list[float] | None
@@ -307,7 +317,7 @@ class ServingEngine:
         self.metrics.adapters_loaded.set(len(self._adapters))
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """vLLM's ``/v1/load_lora_adapter``: a new name for an adapter directory."""
+        """Load an adapter directory under a new name (vLLM's ``/v1/load_lora_adapter``)."""
         self.require_ready()
         if (
             not name
@@ -325,7 +335,10 @@ class ServingEngine:
         await asyncio.wrap_future(fut)
 
     def unload_adapter(self, name: str) -> None:
-        """vLLM's ``/v1/unload_lora_adapter``: new requests 404 at once; in-flight ones finish."""
+        """Unload adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``).
+
+        New requests for it get a 404 at once; in-flight ones finish first.
+        """
         with self._lock:
             a = self._adapters.get(name)
             if a is None or a.retired or a.version is not None:

@@ -8,16 +8,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ImageURL(BaseModel):
+    """An image as a base64 data URI (``data:image/...;base64,``); ``detail`` is ignored."""
+
     url: str
     detail: str | None = None
 
 
 class TextPart(BaseModel):
+    """A text content part."""
+
     type: Literal["text"]
     text: str
 
 
 class ImagePart(BaseModel):
+    """An image content part."""
+
     type: Literal["image_url"]
     image_url: ImageURL
 
@@ -26,6 +32,8 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class ChatMessage(BaseModel):
+    """One chat turn: plain text, or a list of text and image parts."""
+
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentPart]
 
@@ -54,9 +62,13 @@ class ChatCompletionRequest(BaseModel):
 
 
 class LoadLoraRequest(BaseModel):
+    """Body of ``/v1/load_lora_adapter``: a new name and the adapter's directory or s3:// prefix."""
+
     lora_name: str = Field(min_length=1, max_length=200)
     lora_path: str = Field(min_length=1, max_length=4096)
 
 
 class UnloadLoraRequest(BaseModel):
+    """Body of ``/v1/unload_lora_adapter``: the name of a loaded adapter."""
+
     lora_name: str = Field(min_length=1, max_length=200)

@@ -11,8 +11,18 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from maze_serving.errors import StartupError
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago.
+
+    Args:
+        host: The address to probe.
+
+    Returns:
+        The port number the OS picked.
+    """
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -26,7 +36,15 @@ def run(
     *,
     sock: socket.socket | None = None,
 ) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM), on ``sock`` when given (already listening)."""
+    """Serve ``app`` until interrupted (SIGINT/SIGTERM).
+
+    Args:
+        app: The ASGI app (from :func:`maze_serving.app.create_app`).
+        host: Bind address, when ``sock`` is not given.
+        port: Bind port, when ``sock`` is not given.
+        log_level: uvicorn's log level.
+        sock: An already listening socket to serve instead of binding ``host:port``.
+    """
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
     )
@@ -42,9 +60,21 @@ def serve_in_thread(
     *,
     wait_model: bool = False,
 ) -> Generator[str]:
-    """Start ``app`` on a real socket in a daemon thread; yields its base URL, stops on exit.
+    """Start ``app`` on a real socket in a daemon thread; stop it when the block ends.
 
-    ``wait_model`` also waits (up to ``startup_timeout``) until the model has loaded or failed.
+    Args:
+        app: The ASGI app (from :func:`maze_serving.app.create_app`).
+        host: Bind address.
+        port: Bind port (default: a free one).
+        startup_timeout: Seconds to wait for uvicorn (and, with ``wait_model``, the model).
+        wait_model: Also wait until the model has loaded or failed.
+
+    Yields:
+        The server's base URL, ``http://host:port``.
+
+    Raises:
+        StartupError: uvicorn did not start, or the model did not load, within
+            ``startup_timeout``.
     """
     port = port or free_port(host)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
@@ -53,12 +83,12 @@ def serve_in_thread(
     deadline = time.monotonic() + startup_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not start on {host}:{port}")
+            raise StartupError(f"uvicorn did not start on {host}:{port}")
         time.sleep(0.02)
     engine = getattr(app.state, "engine", None)
     if wait_model and engine is not None and not engine.wait_ready(startup_timeout):
         server.should_exit = True
-        raise RuntimeError(f"model did not load within {startup_timeout} s")
+        raise StartupError(f"model did not load within {startup_timeout} s")
     try:
         yield f"http://{host}:{port}"
     finally:

@@ -11,14 +11,15 @@ import hashlib
 from pathlib import Path
 from typing import Any, cast
 
-from maze_serving.errors import BadRequestError, ModelNotFoundError
-
-
-class SourceError(ModelNotFoundError):
-    """An S3 location that cannot be read or holds nothing."""
+from maze_serving.errors import BadRequestError, SourceError
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> ``(bucket, prefix)``, the prefix without surrounding slashes.
+
+    Raises:
+        BadRequestError: ``url`` is not an ``s3://`` URL or names no bucket.
+    """
     if not url.startswith("s3://"):
         raise BadRequestError(f"not an s3:// URL: {url!r}")
     bucket, _, prefix = url[len("s3://") :].partition("/")
