@@ -11,12 +11,11 @@ import pytest
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from maze_engine.config import LocalConfig
-    from maze_engine.skyrl_cluster import load_config
+    from maze_engine.config import load_config
     from maze_engine.trainer import train
 
     run = tmp_path_factory.mktemp("run")
-    cfg, local = load_config(
+    config = load_config(
         "tiny_local",
         [
             f"trainer.export_path={run}",
@@ -28,15 +27,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "trainer.ckpt_interval=2",
             "trainer.eval_interval=0",
             "trainer.eval_before_train=false",
-            "local.sft_steps=20",
+            "local.warm_start.steps=20",
             "local.rollout_workers=0",
-            "local.train_size=8",
+            "mazes.train_size=8",
             "local.progress=false",
             "local.tensorboard=false",
-            "local.reward_spec=visgym_sft",
+            "mazes.reward_spec=visgym_sft",
         ],
     )
-    train(cfg, LocalConfig.from_dict(local), say=lambda _m: None)
+    train(config, say=lambda _m: None)
     return run
 
 
@@ -52,8 +51,11 @@ def _play(backend: Any) -> Any:
 def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
     trained: Path,
 ) -> None:
-    from maze_evaluation import EndpointBackend, LocalBackend, episode_differences, summarize
-    from maze_serving import EngineConfig, create_app, serve_in_thread
+    from maze_evaluation import EndpointBackend, episode_differences, summarize
+    from maze_evaluation.local import LocalBackend
+    from maze_serving.app import create_app
+    from maze_serving.engine import EngineConfig
+    from maze_serving.server import serve_in_thread
     from weight_sync import AdapterStore
 
     base = trained / "base_model"

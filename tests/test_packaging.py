@@ -17,6 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MEMBERS = sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml")) + sorted(
     p.parent for p in ROOT.glob("apps/*/pyproject.toml")
 )
+PYTHON_FLOOR = "3.12"
+# Serving and evaluation images carry the policy, not the RL stack: no SkyRL, no Ray.
+WITHOUT_RL_STACK = {"maze-policy", "maze-serving", "maze-evaluation", "maze-env", "maze-verifier"}
+RL_STACK = ("skyrl", "ray")
+# Without their model extras these evaluate endpoints and build mazes: no torch either.
+WITHOUT_TORCH = {"maze-policy", "maze-evaluation", "maze-env", "maze-verifier"}
 
 
 def _meta(member: Path) -> dict[str, object]:
@@ -82,3 +88,20 @@ def test_wheel_installs_and_imports_alone(member: Path, wheels: Path, tmp_path: 
     scripts = cast(dict[str, str], meta.get("scripts", {}))
     for script in scripts:
         _run([str(venv / "bin" / script), "--help"], cwd=tmp_path)
+    if name in WITHOUT_RL_STACK:
+        probe = f"import importlib.util as u; print([m for m in {RL_STACK!r} if u.find_spec(m)])"
+        assert _run([python, "-c", probe], cwd=tmp_path).strip() == "[]", (
+            f"{name} pulls in the RL stack"
+        )
+    if name in WITHOUT_TORCH:
+        probe = "import importlib.util as u; print(u.find_spec('torch') is None)"
+        assert _run([python, "-c", probe], cwd=tmp_path).strip() == "True", f"{name} pulls in torch"
+
+
+def test_one_python_floor_everywhere() -> None:
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert root["tool"]["pyright"]["pythonVersion"] == PYTHON_FLOOR
+    assert root["tool"]["ruff"]["target-version"] == "py" + PYTHON_FLOOR.replace(".", "")
+    assert (ROOT / ".python-version").read_text().strip() == PYTHON_FLOOR
+    floors = {m.name: _meta(m)["requires-python"] for m in MEMBERS}
+    assert floors == dict.fromkeys(floors, f">={PYTHON_FLOOR}")
