@@ -85,3 +85,26 @@ def test_bad_inputs_raise_clear_errors(tiny_policy: Policy) -> None:
         enc.add_assistant(traj, [5, 6], [0.0])
     with pytest.raises(ChatEncodingError, match="user message"):
         enc.add_user(traj, {"role": "assistant", "content": "x"})
+
+
+def test_inline_frames_encode_exactly_like_data_uris(tiny_policy: Policy) -> None:
+    # The in-process path (PIL frames, no PNG) must give the very tokens and pixels of the
+    # OpenAI-message path (PNG data URIs), or training would change.
+    enc = tiny_policy.encoder
+    maze, r, game = _episode()
+    uri = enc.start(initial_messages(maze, game.step_budget, renderer=r))
+    inline = enc.start(initial_messages(maze, game.step_budget, renderer=r, inline=True))
+    for word in [d.word for d in maze.optimal_actions[:3]]:
+        reply = oracle_reply(game.agent, maze.goal, word)
+        result = game.step(word)
+        for traj, flag in ((uri, False), (inline, True)):
+            enc.add_assistant_text(traj, reply)
+            msg = feedback_message(result, game.agent, game.steps_left, r, inline=flag)
+            assert ("image_url" in msg["content"][0]) is not flag
+            enc.add_user(traj, msg)
+    assert inline.input_ids == uri.input_ids and inline.loss_mask == uri.loss_mask
+    assert len(inline.pixel_values) == len(uri.pixel_values) == 4
+    for a, b in zip(inline.pixel_values, uri.pixel_values, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(inline.image_grid_thw, uri.image_grid_thw, strict=True):
+        assert torch.equal(a, b)

@@ -140,3 +140,29 @@ def test_lora_wrapped_policy_excludes_vision_and_matches_logprobs(tiny_policy: P
     loss.backward()  # pyright: ignore[reportUnknownMemberType]
     grads = [p.grad for n, p in peft_model.named_parameters() if "lora_A" in n]
     assert grads and all(g is not None and float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_rollouts_with_inline_frames_equal_data_uri_rollouts(tiny_policy: Policy) -> None:
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.rollout import run_episodes
+    from maze_policy.sampling import SamplingParams
+
+    rows = build_rows(MazeSpec.parse("easy"), [3, 4], split="train")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6)
+    fast = run_episodes(tiny_policy, rows, sampling=sampling, seed=11, max_turns=3)
+    plain = run_episodes(
+        tiny_policy,
+        rows,
+        sampling=sampling,
+        seed=11,
+        max_turns=3,
+        env_config={"inline_images": False},
+    )
+    for a, b in zip(fast, plain, strict=True):
+        assert a.replies == b.replies and a.turns == b.turns and a.reward == b.reward
+        assert a.trajectory.input_ids == b.trajectory.input_ids
+        assert a.trajectory.logprobs == b.trajectory.logprobs
+        assert len(a.trajectory.pixel_values) == a.turns  # prompt + one frame per later turn
+        for x, y in zip(a.trajectory.pixel_values, b.trajectory.pixel_values, strict=True):
+            assert torch.equal(x, y)

@@ -178,6 +178,11 @@ def test_bench_script_runs_small(tmp_path: Path):
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    for needle in ("plain copy + fsync", "ratio publish / (copy + fsync)", "inotify: notice"):
+    for needle in (
+        "plain copy + fsync",
+        "ratio publish xxh3-128 / (copy + fsync)",
+        "inotify: notice",
+        "ratio hand-over / plain read",
+    ):
         assert needle in res.stdout
     assert list(tmp_path.iterdir()) == []  # the work dir is cleaned up

@@ -12,6 +12,7 @@ import pytest
 
 from weight_sync import AdapterStore, InvalidAdapterError
 from weight_sync._fsutil import copy_hashed
+from weight_sync._hashing import new_hasher
 from weight_sync.synthetic import tiny, write_adapter
 
 
@@ -25,9 +26,10 @@ def _unsupported(*args: object, **kwargs: object) -> int:
     raise OSError(errno.EXDEV, "Invalid cross-device link")
 
 
+@pytest.mark.parametrize("alg", ["sha256", "xxh3-128"])
 @pytest.mark.parametrize("disable", [[], ["copy_file_range"], ["copy_file_range", "sendfile"]])
 def test_every_copy_path_gives_identical_bytes_and_hash(
-    big_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disable: list[str]
+    big_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disable: list[str], alg: str
 ):
     calls: dict[str, int] = {}
     for name in ("copy_file_range", "sendfile", "pread"):
@@ -43,10 +45,14 @@ def test_every_copy_path_gives_identical_bytes_and_hash(
 
         monkeypatch.setattr(os, name, wrapped)
     dst = tmp_path / "out"
-    size, digest = copy_hashed(big_file, dst, "w", hook=None, durable=True)
+    size, digest = copy_hashed(big_file, dst, "w", hook=None, durable=True, algorithm=alg)
     data = big_file.read_bytes()
     assert dst.read_bytes() == data
-    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    expected = new_hasher(alg)
+    expected.update(data)
+    assert (size, digest) == (len(data), expected.hexdigest())
+    if alg == "sha256":
+        assert digest == hashlib.sha256(data).hexdigest()
     used = next(n for n in ("copy_file_range", "sendfile", "pread") if n not in disable)
     assert calls.get(used, 0) > 0
 

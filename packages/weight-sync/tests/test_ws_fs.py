@@ -195,7 +195,7 @@ def test_sigkilled_staged_dir_writer_never_leaves_a_half_directory(
                 manifest = Manifest.from_json(tree.pop("manifest.json"), str(target))
                 assert sorted(tree) == sorted(manifest.files) == ["a.bin", "b.bin", "c.bin"]
                 for name, data in tree.items():
-                    assert hashlib.sha256(data).hexdigest() == manifest.files[name].sha256
+                    assert hashlib.sha256(data).hexdigest() == manifest.files[name].digest
                     assert _is_payload(data)
                 seen.add(manifest.version)
             yield
@@ -332,7 +332,7 @@ def test_manifest_round_trip_uses_the_version_format(tmp_path: Path):
     assert json.loads(raw)["format"] == "weight-sync/manifest/v1"
     assert Manifest.from_json(raw, "x") == written == fs.read_manifest(d)
     entry = written.files["adapter_config.json"]
-    assert entry.size == 8 and entry.sha256 == hashlib.sha256(b'{"r": 8}').hexdigest()
+    assert entry.size == 8 and entry.digest == hashlib.sha256(b'{"r": 8}').hexdigest()
     assert fs.verify_manifest(d) == written
     assert fs.verify_manifest(d, written) == written
     assert (written.version, written.step, written.producer) == (4, 40, "test")

@@ -16,7 +16,14 @@ from weight_sync import (
     VersionConflictError,
     VersionNotFoundError,
 )
+from weight_sync._hashing import new_hasher
 from weight_sync.synthetic import adapter_files, tiny, write_adapter
+
+
+def _digest(alg: str, data: bytes) -> str:
+    h = new_hasher(alg)
+    h.update(data)
+    return h.hexdigest()
 
 
 def test_publish_directory_layout_manifest_and_pointer(store: AdapterStore, adapter_dir: Path):
@@ -34,7 +41,7 @@ def test_publish_directory_layout_manifest_and_pointer(store: AdapterStore, adap
         data = (adapter_dir / name).read_bytes()
         assert (pv.path / name).read_bytes() == data
         assert manifest.files[name].size == len(data)
-        assert manifest.files[name].sha256 == hashlib.sha256(data).hexdigest()
+        assert manifest.files[name].digest == _digest(manifest.hash_algorithm, data)
     pointer = json.loads((store.root / "latest").read_bytes())
     assert pointer["version"] == 7
     assert pointer["dir"] == "versions/v000000007"
@@ -65,7 +72,8 @@ def test_large_adapter_round_trips_byte_exact(store: AdapterStore, tmp_path: Pat
     data = (src / "adapter_model.safetensors").read_bytes()
     assert len(data) > 8 << 20
     assert (pv.path / "adapter_model.safetensors").read_bytes() == data
-    assert pv.manifest.files["adapter_model.safetensors"].sha256 == hashlib.sha256(data).hexdigest()
+    alg = pv.manifest.hash_algorithm
+    assert pv.manifest.files["adapter_model.safetensors"].digest == _digest(alg, data)
     store.verify(pv.version, use_cache=False)
 
 

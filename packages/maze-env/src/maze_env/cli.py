@@ -23,23 +23,29 @@ def _maze_args(p: argparse.ArgumentParser) -> None:
         default="easy",
         help="easy, hard, ROWSxCOLS, optionally :wilson|dfs|prim|kruskal",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="layout seed: the same seed gives the same maze"
+    )
     p.add_argument(
         "--slack", type=int, default=DEFAULT_SLACK, help="extra turns beyond optimal + stop"
     )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maze-env", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="maze-env", description="Inspect, render, play and export mazes."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("show", help="print a maze as JSON or ASCII")
     _maze_args(p)
-    p.add_argument("--format", choices=["json", "ascii"], default="ascii")
+    p.add_argument(
+        "--format", choices=["json", "ascii"], default="ascii", help="output (default ascii)"
+    )
 
     p = sub.add_parser("render", help="write the maze image as PNG")
     _maze_args(p)
-    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("-o", "--output", type=Path, required=True, help="where the PNG goes")
     px = p.add_mutually_exclusive_group()
     px.add_argument(
         "--cell-px", type=int, default=VISGYM_CELL_PX, help="pixels per grid square (VisGym: 25)"
@@ -56,27 +62,63 @@ def _parser() -> argparse.ArgumentParser:
     _maze_args(p)
 
     p = sub.add_parser("export", help="write SkyRL train/validation datasets")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--train-size", type=int, default=256)
-    p.add_argument("--train-preset", default="easy")
-    p.add_argument("--eval-set", default="easy-64", choices=sorted(EVAL_SETS))
+    p.add_argument("--out", type=Path, required=True, help="directory for the datasets")
+    p.add_argument(
+        "--train-size", type=int, default=256, help="training mazes (default %(default)s)"
+    )
+    p.add_argument(
+        "--train-preset",
+        default="easy",
+        help="maze spec of the training mazes (easy, hard, ROWSxCOLS; default easy)",
+    )
+    p.add_argument(
+        "--eval-set",
+        default="easy-64",
+        choices=sorted(EVAL_SETS),
+        help="fixed eval set for the validation split (default %(default)s)",
+    )
     p.add_argument(
         "--repeat",
         type=int,
         default=1,
         help="write each training maze N times in a row (GRPO groups)",
     )
-    p.add_argument("--slack", type=int, default=DEFAULT_SLACK)
-    p.add_argument("--cell-px", type=int, default=VISGYM_CELL_PX)
-    p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument(
+        "--slack",
+        type=int,
+        default=DEFAULT_SLACK,
+        help="extra turns beyond optimal + stop (default %(default)s)",
+    )
+    p.add_argument(
+        "--cell-px",
+        type=int,
+        default=VISGYM_CELL_PX,
+        help="pixels per grid square in the images (default %(default)s, as VisGym)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["parquet", "jsonl"],
+        default="parquet",
+        help="file format (default parquet)",
+    )
 
     p = sub.add_parser("evalsets", help="list the fixed eval sets and verify their pinned hashes")
 
     p = sub.add_parser(
         "demo", help="play easy-64 with an oracle and a random policy; write images and datasets"
     )
-    p.add_argument("--out", type=Path, default=Path("out/demo"))
-    p.add_argument("--eval-set", default="easy-64", choices=sorted(EVAL_SETS))
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out/demo"),
+        help="directory for the images and datasets (default %(default)s)",
+    )
+    p.add_argument(
+        "--eval-set",
+        default="easy-64",
+        choices=sorted(EVAL_SETS),
+        help="fixed eval set to play (default %(default)s)",
+    )
     return parser
 
 

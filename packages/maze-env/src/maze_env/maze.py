@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -159,13 +160,15 @@ _DELTA_TO_DIRECTION = {delta: d for d, delta in DIRECTION_DELTAS.items()}
 
 def _bfs(walls: npt.NDArray[np.bool_], start: Pos, goal: Pos) -> tuple[Pos, ...]:
     # Flat indices over a bytes copy and a list as queue: per-element numpy indexing and deque
-    # calls would dominate reset time. The outer wall keeps every neighbour index in range.
+    # calls would dominate reset time. One ``blocked`` byte per square (wall, or already
+    # reached) makes the inner test a single lookup. The outer wall keeps every neighbour
+    # index in range.
     rows, cols = walls.shape
-    wall = walls.tobytes()
+    blocked = bytearray(walls.tobytes())
     src, dst = start[0] * cols + start[1], goal[0] * cols + goal[1]
     steps = (1, -cols, -1, cols)
-    prev = [-1] * (rows * cols)
-    prev[src] = src
+    prev = [0] * (rows * cols)
+    blocked[src] = 1
     queue = [src]
     for cur in queue:  # the list grows while iterated: a FIFO without deque overhead
         if cur == dst:
@@ -176,12 +179,14 @@ def _bfs(walls: npt.NDArray[np.bool_], start: Pos, goal: Pos) -> tuple[Pos, ...]
             return tuple(reversed(path))
         for step in steps:
             nxt = cur + step
-            if prev[nxt] < 0 and not wall[nxt]:
+            if not blocked[nxt]:
+                blocked[nxt] = 1
                 prev[nxt] = cur
                 queue.append(nxt)
     raise ValueError(f"goal {goal} is unreachable from {start}")
 
 
+@functools.cache
 def _corner_pairs(rows: int, cols: int) -> tuple[tuple[Pos, Pos], ...]:
     # VisGym's four opposite-corner (start, goal) pairs, in its order.
     lo, br, bc = 1, rows - 2, cols - 2

@@ -1,12 +1,17 @@
 """Chat messages for a maze episode, in the OpenAI format that SkyRL, vLLM and TRL accept.
 
 One place builds them, so dataset export, the RL environment and evaluators show a model
-exactly the same text and images.
+exactly the same text and images. Images are PNG data URIs (``image_url`` parts), the form that
+survives serialisation; with ``inline=True`` they are PIL images (``image`` parts) instead, for
+a consumer in the same process that would only decode the PNG again (same pixels, no encode,
+no decode). Inline messages must not leave the process.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from PIL import Image
 
 from maze_env.game import StepResult
 from maze_env.maze import Maze, Pos
@@ -30,6 +35,17 @@ SYSTEM_PROMPT = (
 def image_part(data_uri: str) -> dict[str, Any]:
     """An OpenAI ``image_url`` content part holding ``data_uri``."""
     return {"type": "image_url", "image_url": {"url": data_uri}}
+
+
+def inline_image_part(image: Image.Image) -> dict[str, Any]:
+    """A content part holding a PIL image itself (in-process consumers only)."""
+    return {"type": "image", "image": image}
+
+
+def _image(renderer: Renderer, agent: Pos | None, inline: bool) -> dict[str, Any]:
+    if inline:
+        return inline_image_part(renderer.image(agent))
+    return image_part(renderer.data_uri(agent))
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -68,6 +84,7 @@ def initial_messages(
     style: Style = DEFAULT_STYLE,
     renderer: Renderer | None = None,
     system_prompt: str = SYSTEM_PROMPT,
+    inline: bool = False,
 ) -> list[Message]:
     """System prompt plus the first user turn: the task text and the maze image."""
     r = renderer or Renderer(maze, style)
@@ -75,16 +92,16 @@ def initial_messages(
         {"role": "system", "content": system_prompt},
         {
             "role": "user",
-            "content": [image_part(r.data_uri()), text_part(task_text(maze, step_budget))],
+            "content": [_image(r, None, inline), text_part(task_text(maze, step_budget))],
         },
     ]
 
 
 def feedback_message(
-    result: StepResult, agent: Pos, steps_left: int, renderer: Renderer
+    result: StepResult, agent: Pos, steps_left: int, renderer: Renderer, *, inline: bool = False
 ) -> Message:
     """The user turn after an action: the environment's feedback and the new image."""
     text = f"{result.feedback} Turns left: {steps_left}."
     if not (result.terminated or result.truncated):
         text += " What is your next action?"
-    return {"role": "user", "content": [image_part(renderer.data_uri(agent)), text_part(text)]}
+    return {"role": "user", "content": [_image(renderer, agent, inline), text_part(text)]}

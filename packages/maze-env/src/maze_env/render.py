@@ -68,6 +68,15 @@ def _agent_stamp(style: Style, on_goal: bool) -> Frame:
     return stamp
 
 
+@lru_cache(maxsize=64)
+def _palette(style: Style) -> npt.NDArray[np.void]:
+    # Square codes 0 path, 1 wall, 2 goal: one gather paints the whole small grid. Each colour
+    # is one 3-byte item, so widening repeats items instead of separate channel bytes.
+    palette = np.array([style.path, style.wall, style.goal], dtype=np.uint8).view("V3")[:, 0]
+    palette.setflags(write=False)
+    return palette
+
+
 class Renderer:
     """Renders one maze repeatedly; the static layer is drawn once and copied per frame."""
 
@@ -77,13 +86,12 @@ class Renderer:
         self.maze = maze
         self.style = style
         px = style.cell_px
-        palette = np.array([style.path, style.wall], dtype=np.uint8)
-        squares = palette[maze.walls.view(np.uint8)]
+        codes = maze.walls.astype(np.uint8)
+        codes[maze.goal] = 2
+        squares = _palette(style)[codes]
         # Widen columns first, then rows: repeating whole rows is a contiguous copy.
-        base = np.repeat(np.repeat(squares, px, axis=1), px, axis=0)
-        gr, gc = maze.goal
-        base[gr * px : (gr + 1) * px, gc * px : (gc + 1) * px] = style.goal
-        self._base = base
+        wide = squares.repeat(px, axis=1).repeat(px, axis=0)
+        self._base: Frame = wide.view(np.uint8).reshape(*wide.shape, 3)
 
     def rgb(self, agent: Pos | None = None) -> Frame:
         """An (H, W, 3) uint8 frame with the agent at ``agent`` (the maze start by default)."""
@@ -93,6 +101,10 @@ class Renderer:
         on_goal = (r, c) == self.maze.goal
         frame[r * px : (r + 1) * px, c * px : (c + 1) * px] = _agent_stamp(self.style, on_goal)
         return frame
+
+    def image(self, agent: Pos | None = None) -> Image.Image:
+        """The frame as a PIL RGB image, for consumers in this process (no PNG round trip)."""
+        return Image.fromarray(self.rgb(agent), mode="RGB")
 
     def png(self, agent: Pos | None = None) -> bytes:
         return frame_to_png(self.rgb(agent))

@@ -134,7 +134,8 @@ def message_images(message: Message) -> list[Image.Image]:
         elif "image" in p or p.get("type") == "image":
             img = p.get("image", p.get("url"))
             if isinstance(img, Image.Image):
-                out.append(img.convert("RGB"))
+                # An env's inline frame is RGB already: hand it over as is, no copy.
+                out.append(img if img.mode == "RGB" else img.convert("RGB"))
             elif isinstance(img, str):
                 out.append(decode_data_uri(img))
             else:

@@ -84,10 +84,14 @@ def run_episodes(
     """Play one episode per row (repeat a row for GRPO samples) and return them in input order.
 
     ``seed`` fixes every sampling decision; turn ``t`` samples with ``derive_seed(seed, t)``.
-    ``max_turns`` caps turns on top of each env's own budget.
+    ``max_turns`` caps turns on top of each env's own budget. The envs hand their images over
+    as PIL images (``inline_images``): the encoder is in this process, so a PNG data URI would
+    only be encoded to be decoded again (same pixels either way); ``env_config`` may say
+    ``inline_images: false``.
     """
     tok = policy.processor.tokenizer
-    envs = [make_env(row, env_config) for row in rows]
+    config = {"inline_images": True, **(env_config or {})}
+    envs = [make_env(row, config) for row in rows]
     episodes: list[Episode] = []
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
         prompt, _meta = env.init(drop_nulls(row["prompt"]))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from weight_sync._hashing import hash_mapped, new_hasher
 from weight_sync.errors import InvalidAdapterError, StorageFullError
 
 CHUNK = 8 << 20
@@ -29,7 +29,7 @@ _pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def _executor() -> ThreadPoolExecutor:
-    # One worker hashes, one flushes; hashlib and fdatasync both release the GIL on big buffers.
+    # One worker hashes, one flushes; the hashes and fdatasync release the GIL on big buffers.
     # Keyed by pid: a forked child inherits this dict but not the worker threads behind it.
     pid = os.getpid()
     pool = _pools.get(pid)
@@ -57,13 +57,15 @@ def write_all(fd: int, view: memoryview) -> None:
 class _HashingWriter:
     """Writes chunks to ``fd`` while a worker thread hashes the very same bytes."""
 
-    def __init__(self, fd: int, name: str, hook: WriteHook | None, durable: bool) -> None:
+    def __init__(
+        self, fd: int, name: str, hook: WriteHook | None, durable: bool, algorithm: str
+    ) -> None:
         self._fd = fd
         self._name = name
         self._hook = hook
         self._durable = durable
-        self._hash = hashlib.sha256()
-        self._pending: Future[None] | None = None
+        self._hash = new_hasher(algorithm)
+        self._pending: Future[object] | None = None
         self._flush: Future[None] | None = None
         self._dirty = 0
         self.size = 0
@@ -109,24 +111,20 @@ class _HashingWriter:
                 self._flush.exception()
 
 
-class _RangeHasher:
-    """Hashes consecutive ranges of a file read with ``pread`` into one reusable buffer."""
+class _MappedHasher:
+    """Hashes consecutive ranges of the file just written, in place in the page cache.
 
-    def __init__(self, fd: int) -> None:
+    The destination is hashed rather than the source: it is a staging file only this process
+    writes, so mapping it is safe (a source truncated by someone else mid-publish would raise
+    ``SIGBUS`` through a mapping), and the digest then covers exactly the published bytes.
+    """
+
+    def __init__(self, fd: int, algorithm: str) -> None:
         self._fd = fd
-        self._buf = bytearray(CHUNK)
-        self.hash = hashlib.sha256()
+        self.hash = new_hasher(algorithm)
 
-    def update(self, offset: int, count: int) -> int:
-        view = memoryview(self._buf)
-        done = 0
-        while done < count:
-            n = os.preadv(self._fd, [view[done:count]], offset + done)
-            if n == 0:
-                break
-            done += n
-        self.hash.update(view[:done])
-        return done
+    def update(self, offset: int, count: int) -> None:
+        hash_mapped(self._fd, offset, count, self.hash)
 
 
 class _KernelCopy:
@@ -169,21 +167,30 @@ def _write_all_at(fd: int, view: memoryview, offset: int) -> None:
 
 
 def copy_hashed(
-    src: Path, dst: Path, name: str, *, hook: WriteHook | None, durable: bool
+    src: Path,
+    dst: Path,
+    name: str,
+    *,
+    hook: WriteHook | None,
+    durable: bool,
+    algorithm: str = "sha256",
 ) -> tuple[int, str]:
-    """Copy ``src`` to a new file ``dst``; return ``(size, sha256)``.
+    """Copy ``src`` to a new file ``dst``; return ``(size, hex digest in algorithm)``.
 
-    One pass: for each chunk the kernel copies it (``copy_file_range``, no userspace copy)
-    while a worker thread hashes the same byte range, still hot in the page cache (faster
-    than hashing the destination). The source must not change during the copy: a change of
-    size, mtime or ctime is an error (and readers re-verify anyway).
+    One pass: the kernel copies each chunk (``copy_file_range``, no userspace copy) while a
+    worker thread hashes the previous chunk of the destination, still hot in the page cache
+    and read in place through ``mmap``. The source must not change during the copy: a change
+    of size, mtime or ctime is an error (and readers re-verify anyway).
     """
     fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         before = os.fstat(fin)
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # Read-write: the hasher maps the destination, which needs a readable descriptor.
+        fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            digest = _copy_into(fin, fd, before.st_size, src, name, hook=hook, durable=durable)
+            digest = _copy_into(
+                fin, fd, before.st_size, src, name, hook=hook, durable=durable, algorithm=algorithm
+            )
         finally:
             os.close(fd)
         after = os.fstat(fin)
@@ -207,10 +214,11 @@ def _copy_into(
     *,
     hook: WriteHook | None,
     durable: bool,
+    algorithm: str,
 ) -> str:
-    hasher = _RangeHasher(fin)
+    hasher = _MappedHasher(fd, algorithm)
     flush: Future[None] | None = None
-    pending: Future[int] | None = None
+    pending: Future[None] | None = None
     kcopy = _KernelCopy(fin, fd)
     pool = _executor()
     try:
@@ -220,17 +228,17 @@ def _copy_into(
             if hook is not None:
                 hook(name, off)
             count = min(CHUNK, size - off)
-            pending = pool.submit(hasher.update, off, count)
             n = 0
             while n < count:
                 k = kcopy.copy(off + n, count - n)
                 if k == 0:
                     break
                 n += k
-            hashed = pending.result()
-            pending = None
-            if n != count or hashed != count:
+            if n != count:
                 raise InvalidAdapterError(f"{src}: shrank while being copied")
+            if pending is not None:
+                pending.result()  # chunks are fed to the hash in order, one at a time
+            pending = pool.submit(hasher.update, off, count)
             off += n
             dirty += n
             if durable and dirty >= FLUSH_EVERY and (flush is None or flush.done()):
@@ -240,6 +248,9 @@ def _copy_into(
                 dirty = 0
         if os.pread(fin, 1, size):
             raise InvalidAdapterError(f"{src}: grew while being copied")
+        if pending is not None:
+            pending.result()
+            pending = None
         if flush is not None:
             flush.result()
             flush = None
@@ -260,11 +271,12 @@ def write_hashed(
     *,
     hook: WriteHook | None,
     durable: bool,
+    algorithm: str = "sha256",
 ) -> tuple[int, str]:
-    """Write ``data`` to a new file ``dst``; return ``(size, sha256)``."""
+    """Write ``data`` to a new file ``dst``; return ``(size, hex digest in algorithm)``."""
     view = memoryview(data).cast("B")
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    writer = _HashingWriter(fd, name, hook, durable)
+    writer = _HashingWriter(fd, name, hook, durable, algorithm)
     try:
         for off in range(0, len(view), CHUNK):
             writer.write(view[off : off + CHUNK])

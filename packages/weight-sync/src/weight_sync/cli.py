@@ -24,7 +24,11 @@ def _describe(pv: PublishedVersion) -> dict[str, Any]:
         "created_at": pv.manifest.created_at,
         "producer": pv.manifest.producer,
         "total_size": pv.manifest.total_size,
-        "files": {n: {"size": e.size, "sha256": e.sha256} for n, e in pv.manifest.files.items()},
+        "hash_algorithm": pv.manifest.hash_algorithm,
+        "files": {
+            n: {"size": e.size, pv.manifest.hash_algorithm: e.digest}
+            for n, e in pv.manifest.files.items()
+        },
     }
 
 
@@ -49,7 +53,7 @@ def _s3_mirror(args: argparse.Namespace) -> S3Mirror:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    store = AdapterStore(args.root, durable=not args.no_fsync)
+    store = AdapterStore(args.root, durable=not args.no_fsync, hash_algorithm=args.hash)
     pv = store.publish(
         args.src,
         version=args.version,
@@ -146,48 +150,83 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--root", required=True, type=Path, help="store root (shared FS)")
 
     sp = sub.add_parser("publish", help="publish an adapter directory as a new version")
-    sp.add_argument("src", type=Path)
+    sp.add_argument("src", type=Path, help="adapter directory to publish")
     with_root(sp)
     sp.add_argument("--version", type=int, help="default: latest + 1")
     sp.add_argument("--step", type=int, help="training step (default: the version)")
     sp.add_argument("--producer", help="default: host:pid")
     sp.add_argument("--keep", type=int, help="then keep only the newest K versions")
-    sp.add_argument("--lock-timeout", type=float, default=0.0)
+    sp.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=0.0,
+        help="seconds to wait for another publisher's lock (default 0: fail at once)",
+    )
     sp.add_argument("--no-fsync", action="store_true", help="skip fsync (not power-safe)")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument(
+        "--hash",
+        choices=["auto", "xxh3-128", "sha256"],
+        default="auto",
+        help="checksum the manifest records (auto: xxh3-128 where xxhash is installed; "
+        "sha256 for readers older than hash_algorithm manifests)",
+    )
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
     sp.set_defaults(func=_cmd_publish)
 
     sp = sub.add_parser("latest", help="show the newest published version")
     with_root(sp)
-    sp.add_argument("--json", action="store_true")
-    sp.add_argument("--no-verify", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
+    sp.add_argument(
+        "--no-verify", action="store_true", help="trust the manifest; do not re-hash the files"
+    )
     sp.set_defaults(func=_cmd_latest)
 
     sp = sub.add_parser("verify", help="re-hash a version (default latest) or --all")
     with_root(sp)
-    sp.add_argument("version", type=int, nargs="?")
-    sp.add_argument("--all", action="store_true")
+    sp.add_argument("version", type=int, nargs="?", help="version to verify (default latest)")
+    sp.add_argument("--all", action="store_true", help="verify every published version")
     sp.set_defaults(func=_cmd_verify)
 
     sp = sub.add_parser("watch", help="print (and optionally load into vLLM) new versions")
     with_root(sp)
     sp.add_argument("--after", type=int, help="only versions newer than this")
-    sp.add_argument("--poll-interval", type=float, default=0.5)
-    sp.add_argument("--no-inotify", action="store_true")
+    sp.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        help="seconds between looks when polling (default 0.5)",
+    )
+    sp.add_argument(
+        "--no-inotify", action="store_true", help="poll even where inotify is available"
+    )
     sp.add_argument("--reader", help="pin the current version under this reader id")
     sp.add_argument("--vllm-url", help="e.g. http://127.0.0.1:8000")
     sp.add_argument("--lora-name", help="adapter name; may contain {version} and {step}")
-    sp.add_argument("--load-inplace", action="store_true")
-    sp.add_argument("--http-timeout", type=float, default=30.0)
+    sp.add_argument(
+        "--load-inplace",
+        action="store_true",
+        help="ask vLLM to replace an adapter of the same name in place",
+    )
+    sp.add_argument(
+        "--http-timeout",
+        type=float,
+        default=30.0,
+        help="seconds per vLLM request (default 30)",
+    )
     sp.add_argument("--count", type=int, default=-1, help="stop after N versions")
     sp.add_argument("--idle-timeout", type=float, help="stop after T seconds without news")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
     sp.set_defaults(func=_cmd_watch)
 
     sp = sub.add_parser("gc", help="keep the newest K versions (and pinned ones)")
     with_root(sp)
-    sp.add_argument("--keep", type=int, required=True)
-    sp.add_argument("--lock-timeout", type=float, default=30.0)
+    sp.add_argument("--keep", type=int, required=True, help="how many newest versions to keep")
+    sp.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for a publisher's lock (default 30)",
+    )
     sp.set_defaults(func=_cmd_gc)
 
     for name, helptext in (
@@ -195,16 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
         ("s3-pull", "download a version from S3 into a verified local cache"),
     ):
         sp = sub.add_parser(name, help=helptext)
-        sp.add_argument("--bucket", required=True)
-        sp.add_argument("--prefix", default="")
-        sp.add_argument("--endpoint-url")
-        sp.add_argument("version", type=int, nargs="?")
+        sp.add_argument("--bucket", required=True, help="S3 bucket")
+        sp.add_argument("--prefix", default="", help="key prefix inside the bucket")
+        sp.add_argument("--endpoint-url", help="S3 endpoint (default: AWS's)")
+        sp.add_argument("version", type=int, nargs="?", help="version (default latest)")
         if name == "s3-push":
             with_root(sp)
             sp.set_defaults(func=_cmd_s3_push)
         else:
-            sp.add_argument("--cache", required=True, type=Path)
-            sp.add_argument("--json", action="store_true")
+            sp.add_argument(
+                "--cache", required=True, type=Path, help="local directory for verified copies"
+            )
+            sp.add_argument("--json", action="store_true", help="print JSON instead of text")
             sp.set_defaults(func=_cmd_s3_pull)
     return p
 

@@ -8,10 +8,11 @@ get the same guarantees without their own copies:
 - ``atomic_write_bytes`` / ``atomic_write_text`` / ``atomic_write_json``: a temp file in the same
   directory, fsynced, renamed over the target, then the directory fsynced.
 - ``staged_dir``: build a directory beside the target and swap it in by rename on success.
-- ``write_manifest`` / ``verify_manifest``: size + sha256 of every file of a flat directory, in
-  the same ``manifest.json`` format as published adapter versions.
+- ``write_manifest`` / ``verify_manifest``: size + checksum (sha256 by default, or xxh3-128)
+  of every file of a flat directory, in the same ``manifest.json`` format as published adapter
+  versions.
 
-Only the standard library is used.
+Only the standard library is needed (xxh3-128 uses the optional ``xxhash`` package).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import ctypes
 import errno
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from weight_sync._fsutil import CHUNK, write_all
+from weight_sync._hashing import SHA256, hash_path_mapped, new_hasher, resolve
 from weight_sync.errors import VerificationError, VersionNotFoundError, WeightSyncError
 from weight_sync.manifest import MANIFEST_NAME, FileEntry, Manifest, valid_file_name
 
@@ -57,7 +58,7 @@ StrPath = str | os.PathLike[str]
 """A filesystem path as a string or path-like object."""
 
 VerifyCache = dict[tuple[str, int, int, int, int], str]
-"""Maps ``(path, inode, size, mtime_ns, ctime_ns)`` to a sha256 already computed for it."""
+"""Maps ``(path, inode, size, mtime_ns, ctime_ns)`` to ``algorithm:digest`` computed for it."""
 
 
 # ---------------------------------------------------------------------------------- fsync
@@ -216,19 +217,21 @@ def read_json(path: StrPath) -> object | None:
         return None
 
 
-def hash_file(path: StrPath) -> tuple[int, str]:
-    """Size and sha256 of a file, read with large buffers.
+def hash_file(path: StrPath, algorithm: str = SHA256) -> tuple[int, str]:
+    """Size and checksum of a file, read with large buffers.
 
     Args:
         path: The file to hash.
+        algorithm: ``sha256`` or ``xxh3-128`` (needs the ``xxhash`` package).
 
     Returns:
-        ``(size in bytes, sha256 hex digest)``.
+        ``(size in bytes, hex digest)``.
 
     Raises:
         OSError: The file cannot be read.
+        WeightSyncError: The algorithm is unknown or not installed.
     """
-    h = hashlib.sha256()
+    h = new_hasher(algorithm)
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     size = 0
@@ -338,6 +341,7 @@ def write_manifest(
     producer: str | None = None,
     durable: bool = True,
     recursive: bool = False,
+    hash_algorithm: str = SHA256,
 ) -> Manifest:
     """Hash every file of a directory and write its ``manifest.json``, atomically.
 
@@ -354,6 +358,9 @@ def write_manifest(
         durable: Fsync the files, the manifest and the directory.
         recursive: Also list the files of subdirectories, by relative POSIX path (a checkpoint
             tree); directories are fsynced too. Adapter versions stay flat.
+        hash_algorithm: The checksum to record: ``sha256`` (readable by every version of this
+            package), ``xxh3-128`` (about ten times faster; needs ``xxhash``) or ``auto``
+            (``xxh3-128`` where installed).
 
     Returns:
         The manifest that was written.
@@ -367,12 +374,13 @@ def write_manifest(
     for what, value in (("version", version), ("step", step)):
         if type(value) is not int or value < 0:
             raise WeightSyncError(f"{path}: manifest {what} must be an integer >= 0, got {value!r}")
+    alg = resolve(hash_algorithm)
     files: dict[str, FileEntry] = {}
     for name, fpath in _listed_files(path, recursive):
         if durable:
             fsync_file(fpath)
-        size, sha = hash_file(fpath)
-        files[name] = FileEntry(size, sha)
+        size, digest = hash_file(fpath, alg)
+        files[name] = FileEntry(size, digest)
     if durable and recursive:
         for d in sorted({p.parent for p in path.rglob("*")} - {path}, key=lambda d: -len(d.parts)):
             fsync_dir(d)
@@ -384,6 +392,7 @@ def write_manifest(
         created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
         producer=producer or f"{socket.gethostname()}:{os.getpid()}",
         files=files,
+        hash_algorithm=alg,
     )
     atomic_write_bytes(path / MANIFEST_NAME, manifest.to_json(), durable=durable)
     return manifest
@@ -453,13 +462,16 @@ def verify_manifest(
     *,
     cache: VerifyCache | None = None,
 ) -> Manifest:
-    """Check that ``directory`` holds exactly the manifest's files with their size and sha256.
+    """Check that ``directory`` holds exactly the manifest's files with their size and checksum.
+
+    Files are hashed in place through ``mmap`` (no copy into a buffer), with the algorithm the
+    manifest names; ``sha256`` for manifests that name none.
 
     Args:
         directory: The directory to check.
         manifest: What it must hold; read from ``directory/manifest.json`` when ``None``.
         cache: Filled with and consulted for ``(path, inode, size, mtime_ns, ctime_ns)`` ->
-            sha256, so files unchanged since they last verified are not re-read. Share one
+            digest, so files unchanged since they last verified are not re-read. Share one
             dict between threads freely.
 
     Returns:
@@ -467,7 +479,7 @@ def verify_manifest(
 
     Raises:
         VerificationError: The manifest is missing or malformed, a listed file is missing, an
-            unlisted file is present, or a size or sha256 differs.
+            unlisted file is present, or a size or checksum differs.
         VersionNotFoundError: The directory or one of its files vanished while being checked
             (a concurrent removal rather than damage).
     """
@@ -485,11 +497,11 @@ def verify_manifest(
     if extra:
         raise VerificationError(f"{path}: file {extra[0]!r} is not in the manifest")
     for name, entry in sorted(manifest.files.items()):
-        _verify_file(path / name, entry, cache)
+        _verify_file(path / name, entry, manifest.hash_algorithm, cache)
     return manifest
 
 
-def _verify_file(fpath: Path, entry: FileEntry, cache: VerifyCache | None) -> None:
+def _verify_file(fpath: Path, entry: FileEntry, alg: str, cache: VerifyCache | None) -> None:
     try:
         st = os.stat(fpath)
     except FileNotFoundError:
@@ -499,19 +511,21 @@ def _verify_file(fpath: Path, entry: FileEntry, cache: VerifyCache | None) -> No
             f"{fpath}: size {st.st_size} != {entry.size} recorded in the manifest"
         )
     key = (str(fpath), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    tagged = f"{alg}:{entry.digest}"
     if cache is not None:
         with _cache_lock:
-            if cache.get(key) == entry.sha256:
+            if cache.get(key) == tagged:
                 return
     try:
-        size, sha = hash_file(fpath)
+        # Mapped in place: manifested files are complete and nobody truncates them.
+        size, digest = hash_path_mapped(fpath, alg)
     except FileNotFoundError:
         raise VersionNotFoundError(f"{fpath}: removed while verifying") from None
-    if size != entry.size or sha != entry.sha256:
+    if size != entry.size or digest != entry.digest:
         raise VerificationError(
-            f"{fpath}: sha256 {sha[:16]}... (size {size}) does not match the manifest"
-            f" ({entry.sha256[:16]}..., size {entry.size})"
+            f"{fpath}: {alg} {digest[:16]}... (size {size}) does not match the manifest"
+            f" ({entry.digest[:16]}..., size {entry.size})"
         )
     if cache is not None:
         with _cache_lock:
-            cache[key] = sha
+            cache[key] = tagged

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from weight_sync._hashing import HEX_DIGITS, SHA256, valid_digest
 from weight_sync.errors import VerificationError
 
 MANIFEST_NAME = "manifest.json"
@@ -18,37 +19,47 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class FileEntry:
-    """Size in bytes and sha256 hex digest of one file of a version."""
+    """Size in bytes and hex digest (in the manifest's ``hash_algorithm``) of one file."""
 
     size: int
-    sha256: str
+    digest: str
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a version contains: every file's size and sha256, plus provenance."""
+    """What a version contains: every file's size and checksum, plus provenance.
+
+    ``hash_algorithm`` names the checksum. A ``sha256`` manifest is written exactly as before
+    the field existed (no ``hash_algorithm`` key, a ``sha256`` key per file), so older readers
+    still read it; any other algorithm is written as a top-level ``hash_algorithm`` and a
+    per-file key of that name, which older readers refuse (no ``sha256``) instead of misreading.
+    """
 
     version: int
     step: int
     created_at: str
     producer: str
     files: Mapping[str, FileEntry]
+    hash_algorithm: str = SHA256
 
     @property
     def total_size(self) -> int:
         return sum(e.size for e in self.files.values())
 
     def to_json(self) -> bytes:
-        doc = {
+        alg = self.hash_algorithm
+        doc: dict[str, object] = {
             "format": MANIFEST_FORMAT,
             "version": self.version,
             "step": self.step,
             "created_at": self.created_at,
             "producer": self.producer,
             "total_size": self.total_size,
-            "files": {
-                name: {"size": e.size, "sha256": e.sha256} for name, e in sorted(self.files.items())
-            },
+        }
+        if alg != SHA256:
+            doc["hash_algorithm"] = alg
+        doc["files"] = {
+            name: {"size": e.size, alg: e.digest} for name, e in sorted(self.files.items())
         }
         return (json.dumps(doc, indent=2) + "\n").encode()
 
@@ -58,6 +69,9 @@ class Manifest:
         doc = _load_object(data, where)
         if doc.get("format") != MANIFEST_FORMAT:
             raise VerificationError(f"{where}: unknown manifest format {doc.get('format')!r}")
+        alg = doc.get("hash_algorithm", SHA256)
+        if not isinstance(alg, str) or alg not in HEX_DIGITS:
+            raise VerificationError(f"{where}: unknown hash_algorithm {alg!r}")
         files_raw = doc.get("files")
         if not isinstance(files_raw, dict) or not files_raw:
             raise VerificationError(f"{where}: 'files' must be a non-empty object")
@@ -68,12 +82,12 @@ class Manifest:
             if not isinstance(entry, dict):
                 raise VerificationError(f"{where}: files[{name!r}] must be an object")
             e = cast(dict[str, Any], entry)
-            size, sha = e.get("size"), e.get("sha256")
+            size, digest = e.get("size"), e.get(alg)
             if not _is_nonneg_int(size):
                 raise VerificationError(f"{where}: files[{name!r}].size must be an integer >= 0")
-            if not isinstance(sha, str) or not _SHA256.match(sha):
-                raise VerificationError(f"{where}: files[{name!r}].sha256 is not a sha256 hex")
-            files[name] = FileEntry(size=cast(int, size), sha256=sha)
+            if not valid_digest(alg, digest):
+                raise VerificationError(f"{where}: files[{name!r}].{alg} is not a {alg} hex")
+            files[name] = FileEntry(size=cast(int, size), digest=cast(str, digest))
         total = doc.get("total_size")
         if total != sum(e.size for e in files.values()):
             raise VerificationError(f"{where}: total_size {total!r} != sum of file sizes")
@@ -83,6 +97,7 @@ class Manifest:
             created_at=_get_str(doc, "created_at", where),
             producer=_get_str(doc, "producer", where),
             files=files,
+            hash_algorithm=alg,
         )
 
 

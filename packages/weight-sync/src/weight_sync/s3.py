@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from weight_sync._fsutil import CHUNK, is_no_space, storage_full
+from weight_sync._hashing import new_hasher
 from weight_sync.errors import MirrorError, VerificationError
 from weight_sync.fs import fsync_dir, verify_manifest
 from weight_sync.manifest import MANIFEST_NAME, Manifest, Pointer, version_dir_name
@@ -146,7 +147,7 @@ class S3Mirror:
             for name, entry in sorted(manifest.files.items()):
                 key = self.key("versions", vdir, name)
                 resp = self.client.get_object(Bucket=self.bucket, Key=key)
-                h = hashlib.sha256()
+                h = new_hasher(manifest.hash_algorithm)
                 size = 0
                 with open(staging / name, "wb") as f:
                     for chunk in resp["Body"].iter_chunks(CHUNK):
@@ -155,11 +156,11 @@ class S3Mirror:
                         size += len(chunk)
                     f.flush()
                     os.fsync(f.fileno())
-                if size != entry.size or h.hexdigest() != entry.sha256:
+                if size != entry.size or h.hexdigest() != entry.digest:
                     raise VerificationError(
-                        f"{self._url(key)}: downloaded {size} bytes with sha256 "
-                        f"{h.hexdigest()[:16]}..., manifest says {entry.size} / "
-                        f"{entry.sha256[:16]}..."
+                        f"{self._url(key)}: downloaded {size} bytes with "
+                        f"{manifest.hash_algorithm} {h.hexdigest()[:16]}..., manifest says "
+                        f"{entry.size} / {entry.digest[:16]}..."
                     )
             (staging / MANIFEST_NAME).write_bytes(mraw)
             fsync_dir(staging)

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from weight_sync import _peft
+from weight_sync import _hashing, _peft
 from weight_sync._fsutil import (
     WriteHook,
     copy_hashed,
@@ -162,7 +162,10 @@ class AdapterStore:
 
     ``durable=False`` skips fsync (only for throwaway local roots; SIGKILL is still safe, power
     loss is not). ``write_hook`` is called before each chunk written during publish and may
-    raise ``OSError`` to inject faults.
+    raise ``OSError`` to inject faults. ``hash_algorithm`` is the checksum new versions'
+    manifests record: ``auto`` (``xxh3-128`` when the ``xxhash`` package is installed, else
+    ``sha256``), ``xxh3-128`` or ``sha256`` (for readers older than the ``hash_algorithm``
+    field). Reading follows whatever each manifest names.
     """
 
     def __init__(
@@ -171,10 +174,12 @@ class AdapterStore:
         *,
         durable: bool = True,
         write_hook: WriteHook | None = None,
+        hash_algorithm: str = _hashing.AUTO,
     ) -> None:
         self.root = Path(root).absolute()
         self.durable = durable
         self.write_hook = write_hook
+        self.hash_algorithm = _hashing.resolve(hash_algorithm)
         self._cache: VerifyCache = {}
         try:
             for sub in (VERSIONS, STAGING, TRASH, LEASES):
@@ -218,7 +223,7 @@ class AdapterStore:
         return self._open(version, self.pointer(), verify=verify, use_cache=True)
 
     def verify(self, version: int | None = None, *, use_cache: bool = True) -> PublishedVersion:
-        """Check every file's size and sha256 (and that no file is missing or extra).
+        """Check every file's size and checksum (and that no file is missing or extra).
 
         ``use_cache=False`` re-hashes everything; with the cache, files whose
         (inode, size, mtime, ctime) are unchanged since they last verified are not re-read.
@@ -349,13 +354,14 @@ class AdapterStore:
                 dst = staging / name
                 where = str(src) if isinstance(src, Path) else f"{name} (in memory)"
                 expected = _expected_size(name, src)
+                alg = self.hash_algorithm
                 if isinstance(src, Path):
-                    size, sha = copy_hashed(
-                        src, dst, name, hook=self.write_hook, durable=self.durable
+                    size, digest = copy_hashed(
+                        src, dst, name, hook=self.write_hook, durable=self.durable, algorithm=alg
                     )
                 else:
-                    size, sha = write_hashed(
-                        src, dst, name, hook=self.write_hook, durable=self.durable
+                    size, digest = write_hashed(
+                        src, dst, name, hook=self.write_hook, durable=self.durable, algorithm=alg
                     )
                 if expected is not None and size != expected:
                     raise InvalidAdapterError(
@@ -364,13 +370,14 @@ class AdapterStore:
                     )
                 if size == 0:
                     raise InvalidAdapterError(f"{where}: file is empty")
-                files[name] = FileEntry(size, sha)
+                files[name] = FileEntry(size, digest)
             manifest = Manifest(
                 version=version,
                 step=version if step is None else step,
                 created_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
                 producer=producer,
                 files=files,
+                hash_algorithm=self.hash_algorithm,
             )
             mraw = manifest.to_json()
             # Manifest last: a staging dir with a manifest has all its files complete.
