@@ -1,25 +1,43 @@
-"""Streaming consolidation vs the naive "load every rank file, then concatenate", in one run.
+"""Consolidation and resharding, every input format side by side with a plain copy, in one run.
 
     uv run python packages/lora-consolidate/benchmarks/bench_consolidate.py [--ranks 4] [--layers 36]
 
-Generates a per-rank FSDP2-style checkpoint with the LoRA shapes of Qwen3-VL-8B at rank 32
-(36 layers, q/k/v/o/gate/up/down; 87.3M parameters, 175 MB in bf16), sharded on dim 0 over
-``--ranks`` ranks. The files hold real DTensors, but they are written directly (through the same
-code path as ``reshard``), not by running FSDP on an 8B model. Each mode then runs in a fresh
-child process. After its imports the child resets its RSS high-water mark (Linux
-``/proc/self/clear_refs``); "work peak" is VmHWM at the end minus VmRSS at the reset, i.e. the
-memory the consolidation itself added. "peak RSS" is the child's ``ru_maxrss`` (os.wait4), which
-includes importing torch. Time is measured inside the child after imports. ``copy`` is a plain shutil.copy of the shard files: the I/O ceiling.
-All modes read the files from a warm page cache (just written).
+Generates the LoRA tensors of Qwen3-VL-8B at rank 32 (36 layers, q/k/v/o/gate/up/down; 87.3M
+parameters, 166.5 MiB in bf16), sharded on dim 0 over ``--ranks`` ranks, twice from the same
+DTensors: as SkyRL's ``torch.save`` rank files (``model_world_size_W_rank_R.pt``) and in the
+project's shard format (``lora_consolidate.shards.write_rank_shards``), the latter with AdamW
+state too (exp_avg, exp_avg_sq in bf16 like the weights, step). The files hold real DTensors but
+are written directly, not by running FSDP on an 8B model.
+
+Modes (each reads files from a warm page cache, writes a fresh output, durable as in use):
+
+    copy-pt             shutil.copy of the .pt rank files (the I/O ceiling for the .pt modes)
+    naive               load every .pt file, torch.cat each key, safetensors save_file
+    stream-pt-torch     consolidate the .pt files, metadata read by torch.load
+    stream-pt           consolidate the .pt files, metadata read by the C unpickler
+    copy-shards         shutil.copy of the shard-format model files
+    shards              consolidate the shard-format checkpoint
+    copy-shards-optim   shutil.copy of the shard-format model and optimizer files
+    reshard-shards      reshard the shard format 4 -> 3 ranks, model and optimizer state
+    reshard-pt          reshard the .pt files 4 -> 3 ranks (model only, .pt output)
+
+Time: one child process runs ``--repeat`` rounds of all modes interleaved (so load from other
+jobs hits every mode alike); best and median are reported. Memory: each mode then runs once more
+in a fresh child that resets its RSS high-water mark after its imports (Linux
+``/proc/self/clear_refs``); "work peak" is VmHWM at the end minus VmRSS at the reset, the memory
+the work itself added. "vs copy" divides a mode's throughput (its input bytes over its best time)
+by that of the copy of the same input files. Outputs are checked byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +58,26 @@ _MODULES = [
     ("mlp.up_proj", _FFN, _HIDDEN),
     ("mlp.down_proj", _HIDDEN, _FFN),
 ]
+MODES = (
+    "copy-pt",
+    "naive",
+    "stream-pt-torch",
+    "stream-pt",
+    "copy-shards",
+    "shards",
+    "copy-shards-optim",
+    "reshard-shards",
+    "reshard-pt",
+)
+# The copy of the same input files that each mode is compared with.
+_PEER = {
+    "naive": "copy-pt",
+    "stream-pt-torch": "copy-pt",
+    "stream-pt": "copy-pt",
+    "reshard-pt": "copy-pt",
+    "shards": "copy-shards",
+    "reshard-shards": "copy-shards-optim",
+}
 
 
 def _global_shapes(layers: int, rank: int) -> list[tuple[str, tuple[int, int]]]:
@@ -52,76 +90,68 @@ def _global_shapes(layers: int, rank: int) -> list[tuple[str, tuple[int, int]]]:
     return shapes
 
 
-def generate(directory: Path, ranks: int, layers: int, lora_rank: int) -> int:
-    """Write model_world_size_{ranks}_rank_R.pt files; return the total tensor bytes."""
+def generate(work: Path, ranks: int, layers: int, lora_rank: int) -> dict[str, Any]:
+    """Write ``work/pt`` (.pt rank files) and ``work/shards`` (shard format with AdamW state)."""
     from torch.distributed.tensor import Shard
 
     from lora_consolidate.reshard import make_dtensor, make_mesh
+    from lora_consolidate.shards import finalize_rank_shards, write_rank_shards
     from lora_consolidate.sources import rank_file_name, shard_box
 
-    directory.mkdir(parents=True, exist_ok=True)
+    pt, shards = work / "pt", work / "shards"
+    pt.mkdir(parents=True)
     gen = torch.Generator().manual_seed(0)
     meshes = [make_mesh("cpu", ranks, r) for r in range(ranks)]
     states: list[dict[str, Any]] = [{} for _ in range(ranks)]
-    total = 0
+    optims: list[dict[str, Any]] = [{} for _ in range(ranks)]
+    total = largest = 0
     for name, shape in _global_shapes(layers, lora_rank):
         full = torch.randn(shape, generator=gen).to(torch.bfloat16)
-        total += full.numel() * full.element_size()
+        moments = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2)]
+        nbytes = full.numel() * full.element_size()
+        total += nbytes
+        largest = max(largest, nbytes)
         for r in range(ranks):
-            (offsets, sizes), _ = shard_box(
-                shape, (ranks,), (r,), (Shard(0),), where=directory, key=name
-            )
-            local = full[offsets[0] : offsets[0] + sizes[0]].clone()
-            states[r][name] = make_dtensor(local, meshes[r], Shard(0), shape)
+            (offsets, sizes), _ = shard_box(shape, (ranks,), (r,), (Shard(0),), where=pt, key=name)
+            rows = slice(offsets[0], offsets[0] + sizes[0])
+            states[r][name] = make_dtensor(full[rows].clone(), meshes[r], Shard(0), shape)
+            optims[r][name] = {
+                "step": torch.tensor(100.0),
+                "exp_avg": make_dtensor(moments[0][rows].clone(), meshes[r], Shard(0), shape),
+                "exp_avg_sq": make_dtensor(moments[1][rows].clone(), meshes[r], Shard(0), shape),
+            }
+    group = dict(torch.optim.AdamW([torch.zeros(1)], lr=1e-4).param_groups[0])
+    group["params"] = [name for name, _ in _global_shapes(layers, lora_rank)]
     for r in range(ranks):
-        torch.save(states[r], directory / rank_file_name(ranks, r))
-    return total
+        torch.save(states[r], pt / rank_file_name(ranks, r))
+        optimizer = {"state": optims[r], "param_groups": [group]}
+        write_rank_shards(states[r], shards, r, ranks, optimizer=optimizer, tag="bench")
+    finalize_rank_shards(shards, ranks)
+    return {"tensor_bytes": total, "largest_tensor_bytes": largest}
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+def _inputs(mode: str, work: Path) -> list[Path]:
+    if mode in ("copy-pt", "naive", "stream-pt-torch", "stream-pt", "reshard-pt"):
+        return sorted((work / "pt").iterdir())
+    files = sorted((work / "shards").iterdir())
+    if mode in ("copy-shards", "shards"):
+        return [f for f in files if f.name.startswith("model_")]
+    return files
 
 
-def _child(modes: str, src: Path, dst_prefix: Path) -> None:
-    # Import everything the modes use before the first measurement.
-    for module in ("lora_consolidate", "safetensors.torch", "torch.distributed.tensor"):
-        importlib.import_module(module)
-
-    results: dict[str, dict[str, float]] = {}
-    for mode in modes.split(","):
-        dst = dst_prefix.parent / f"{dst_prefix.name}-{mode}"
-        # Reset the RSS high-water mark to the current RSS (Linux clear_refs "5"), so the peak
-        # reported is this mode's work, not the imports' transient or an earlier mode.
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        baseline = _rss_kib("VmRSS")
-        started = time.perf_counter()
-        _work(mode, src, dst)
-        results[mode] = {
-            "seconds": time.perf_counter() - started,
-            "baseline_kib": baseline,
-            "hwm_kib": _rss_kib("VmHWM"),
-        }
-    print(json.dumps(results))
-
-
-def _work(mode: str, src: Path, dst: Path) -> None:
+def _work(mode: str, work: Path, dst: Path, ranks: int) -> None:
     from safetensors.torch import save_file  # pyright: ignore[reportUnknownVariableType]
     from torch.distributed.tensor import DTensor, Shard
 
-    from lora_consolidate import consolidate
+    from lora_consolidate import consolidate, reshard
     from lora_consolidate.keys import peft_key
 
-    if mode == "stream":
-        consolidate(src, dst, lora_alpha=64)
+    if mode.startswith("copy-"):
+        dst.mkdir()
+        for file in _inputs(mode, work):
+            shutil.copy(file, dst / file.name)
     elif mode == "naive":
-        files = sorted(
-            src.glob("model_world_size_*_rank_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1])
-        )
+        files = _inputs(mode, work)
         shards = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
         out: dict[str, torch.Tensor] = {}
         for key, ref in shards[0].items():
@@ -132,108 +162,212 @@ def _work(mode: str, src: Path, dst: Path) -> None:
             out[peft_key(key) or key] = torch.cat([sd[key].to_local() for sd in shards], dim=dim)
         dst.mkdir()
         save_file(out, dst / "adapter_model.safetensors", metadata={"format": "pt"})
-    elif mode == "copy":
-        dst.mkdir()
-        for file in src.iterdir():
-            shutil.copy(file, dst / file.name)
-    elif mode != "import":
+    elif mode == "stream-pt-torch":
+        consolidate(work / "pt", dst, lora_alpha=64, loader="torch")
+    elif mode == "stream-pt":
+        consolidate(work / "pt", dst, lora_alpha=64)
+    elif mode == "shards":
+        consolidate(work / "shards", dst, lora_alpha=64)
+    elif mode == "reshard-shards":
+        reshard(work / "shards", dst, ranks - 1)
+    elif mode == "reshard-pt":
+        reshard(work / "pt", dst, ranks - 1)
+    else:
         raise SystemExit(f"unknown mode {mode}")
 
 
-def _run_child(modes: str, src: Path, dst_prefix: Path) -> dict[str, dict[str, float]]:
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> None:
+    # Import everything the modes use before the first measurement.
+    for module in ("lora_consolidate", "lora_consolidate.shards", "safetensors.torch"):
+        importlib.import_module(module)
+    out = work / "out"
+    out.mkdir(exist_ok=True)
+    if kind == "memory":
+        (mode,) = modes.split(",")
+        dst = out / f"memory-{mode}"
+        # Reset the RSS high-water mark to the current RSS (Linux clear_refs "5").
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        baseline = _rss_kib("VmRSS")
+        started = time.perf_counter()
+        _work(mode, work, dst, ranks)
+        seconds = time.perf_counter() - started
+        print(
+            json.dumps({"seconds": seconds, "baseline_kib": baseline, "hwm_kib": _rss_kib("VmHWM")})
+        )
+        return
+    times: dict[str, list[float]] = {m: [] for m in modes.split(",")}
+    memory: dict[str, float] = {}
+    baseline = 0
+    for round_ in range(repeat):
+        for mode, seconds in times.items():
+            dst = out / f"{mode}-{round_}"
+            if round_ == 0 and kind == "timing+memory":
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                baseline = _rss_kib("VmRSS")
+            started = time.perf_counter()
+            _work(mode, work, dst, ranks)
+            seconds.append(time.perf_counter() - started)
+            if round_ == 0 and kind == "timing+memory":
+                memory[mode] = (_rss_kib("VmHWM") - baseline) / 1024
+            if round_ < repeat - 1:  # keep the last round's outputs for the checks
+                shutil.rmtree(dst)
+    print(json.dumps({"times": times, "memory": memory}))
+
+
+def _run_child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> tuple[Any, float]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "_child", modes, str(src), str(dst_prefix)],
+        [sys.executable, __file__, "_child", kind, modes, str(work), str(ranks), str(repeat)],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{modes} child failed with {proc.returncode}")
-    results = json.loads(output.decode().strip().splitlines()[-1])
-    # VmHWM was reset before each mode, so it is that mode's own peak; ru_maxrss (KiB on Linux)
-    # is the whole child's, import transient included.
-    return {
-        mode: {
-            "seconds": r["seconds"],
-            "peak_rss_mb": usage.ru_maxrss / 1024,
-            "over_baseline_mb": (r["hwm_kib"] - r["baseline_kib"]) / 1024,
-        }
-        for mode, r in results.items()
-    }
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{kind} child for {modes} failed")
+    # ru_maxrss is KiB on Linux: the whole child's peak, torch's import included.
+    return json.loads(output.decode().strip().splitlines()[-1]), usage.ru_maxrss / 1024
 
 
-def _same_output(a: Path, b: Path) -> bool:
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _checks(work: Path, modes: list[str], repeat: int, ranks: int) -> dict[str, bool]:
+    """Every consolidated adapter is the same bytes; resharded checkpoints hold the same data."""
     from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
 
-    x = load_file(a / "adapter_model.safetensors")
-    y = load_file(b / "adapter_model.safetensors")
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    from lora_consolidate import consolidate
+    from lora_consolidate.shards import ShardsCheckpoint
+
+    last = repeat - 1
+    out = work / "out"
+    adapters: dict[str, Path] = {}
+    for mode in ("stream-pt-torch", "stream-pt", "shards"):
+        if mode in modes:
+            adapters[mode] = out / f"{mode}-{last}" / "adapter_model.safetensors"
+    for mode in ("reshard-shards", "reshard-pt"):
+        if mode in modes:
+            consolidate(out / f"{mode}-{last}", out / f"{mode}-adapter", lora_alpha=64)
+            adapters[mode] = out / f"{mode}-adapter" / "adapter_model.safetensors"
+    checks: dict[str, bool] = {}
+    if adapters:
+        checks["adapters_byte_identical"] = len({_sha(p) for p in adapters.values()}) == 1
+    if "naive" in modes and adapters:
+        x = load_file(out / f"naive-{last}" / "adapter_model.safetensors")
+        y = load_file(next(iter(adapters.values())))
+        checks["naive_tensors_equal"] = x.keys() == y.keys() and all(
+            torch.equal(x[k], y[k]) for k in x
+        )
+    if "reshard-shards" in modes:
+        with (
+            ShardsCheckpoint(work / "shards", ranks, kind="optim") as a,
+            ShardsCheckpoint(out / f"reshard-shards-{last}", ranks - 1, kind="optim") as b,
+        ):
+            checks["resharded_optimizer_equal"] = a.specs() == b.specs() and all(
+                torch.equal(a.read(s.name), b.read(s.name)) for s in a.specs()
+            )
+    return checks
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Generate the checkpoint, time each mode in a child process, print and return the figures."""
+    """Generate the checkpoint, time and measure every mode, print and return the figures."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--lora-rank", type=int, default=32)
-    p.add_argument("--modes", default="import,copy,naive,stream")
-    p.add_argument("--workdir", type=Path, help="default: a temporary directory")
-    p.add_argument("--json", action="store_true", help="print results as JSON only")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--repeat", type=int, default=3, help="timed rounds of all modes")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-mode memory children")
     p.add_argument(
         "--one-process",
         action="store_true",
-        help="run all modes in one child (list stream before naive: memory freed by an earlier "
-        "mode can be reused without raising RSS)",
+        help="measure memory in the timing child, first round (cheaper; list small-memory modes "
+        "first: memory an earlier mode freed can be reused without raising RSS)",
     )
+    p.add_argument("--workdir", type=Path, help="default: a temporary directory")
+    p.add_argument("--json", action="store_true", help="print results as JSON only")
     args = p.parse_args(argv)
+    modes = args.modes.split(",")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lora-bench-"))
     try:
-        src = work / "policy"
         t0 = time.perf_counter()
-        total = generate(src, args.ranks, args.layers, args.lora_rank)
+        info = generate(work, args.ranks, args.layers, args.lora_rank)
         gen_s = time.perf_counter() - t0
-        shard_bytes = sum(f.stat().st_size for f in src.iterdir())
+        kind = "timing+memory" if args.one_process else "timing"
+        timed, _ = _run_child(kind, ",".join(modes), work, args.ranks, args.repeat)
+        times: dict[str, list[float]] = timed["times"]
         results: dict[str, dict[str, float]] = {}
-        if args.one_process:  # cheaper (one torch import); stream runs first, see --help
-            results = _run_child(args.modes, src, work / "out")
-        else:
-            for mode in args.modes.split(","):
-                results.update(_run_child(mode, src, work / "out"))
+        for mode in modes:
+            size = sum(f.stat().st_size for f in _inputs(mode, work)) / 2**20
+            best = min(times[mode])
+            results[mode] = {
+                "input_mb": size,
+                "best_s": best,
+                "median_s": statistics.median(times[mode]),
+                "mb_per_s": size / best,
+            }
+            if args.one_process:
+                results[mode]["over_baseline_mb"] = timed["memory"][mode]
+            elif not args.no_memory:
+                mem, peak_rss = _run_child("memory", mode, work, args.ranks, 1)
+                results[mode]["over_baseline_mb"] = (mem["hwm_kib"] - mem["baseline_kib"]) / 1024
+                results[mode]["peak_rss_mb"] = peak_rss
+        for mode, peer in _PEER.items():
+            if mode in results and peer in results:
+                results[mode]["vs_copy"] = results[mode]["mb_per_s"] / results[peer]["mb_per_s"]
         report: dict[str, Any] = {
             "ranks": args.ranks,
-            "tensor_mb": total / 2**20,
-            "shard_file_mb": shard_bytes / 2**20,
+            "tensor_mb": info["tensor_bytes"] / 2**20,
+            "largest_tensor_mb": info["largest_tensor_bytes"] / 2**20,
             "generate_seconds": gen_s,
+            "repeat": args.repeat,
             "results": results,
+            "checks": _checks(work, modes, args.repeat, args.ranks),
         }
-        if "naive" in results and "stream" in results:
-            report["outputs_identical"] = _same_output(work / "out-naive", work / "out-stream")
         if args.json:
             print(json.dumps(report))
             return report
-        print(
-            f"{args.ranks} rank files, {report['tensor_mb']:.1f} MiB of LoRA tensors "
-            f"({report['shard_file_mb']:.1f} MiB on disk), torch {torch.__version__}"
-        )
-        print(f"{'mode':<8} {'time s':>8} {'MiB/s':>8} {'peak RSS MiB':>13} {'work peak MiB':>14}")
-        for mode, r in results.items():
-            rate = report["shard_file_mb"] / r["seconds"] if mode != "import" else float("nan")
-            print(
-                f"{mode:<8} {r['seconds']:>8.3f} {rate:>8.0f} {r['peak_rss_mb']:>13.0f} "
-                f"{r['over_baseline_mb']:>14.1f}"
-            )
-        if "outputs_identical" in report:
-            print(f"naive and stream outputs identical: {report['outputs_identical']}")
+        _print(report, args)
         return report
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
+    print(
+        f"{args.ranks} ranks, {args.layers} layers, LoRA rank {args.lora_rank}: "
+        f"{report['tensor_mb']:.1f} MiB of LoRA tensors (largest {report['largest_tensor_mb']:.2f} "
+        f"MiB), torch {torch.__version__}, best of {args.repeat}"
+    )
+    head = (
+        f"{'mode':<18} {'input MiB':>9} {'best s':>7} {'median s':>8} {'MiB/s':>6} {'vs copy':>7}"
+    )
+    print(head + f" {'work peak MiB':>13} {'peak RSS MiB':>12}")
+    for mode, r in report["results"].items():
+        ratio = f"{r['vs_copy']:.2f}" if "vs_copy" in r else "-"
+        peak = f"{r['over_baseline_mb']:.1f}" if "over_baseline_mb" in r else "-"
+        rss = f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else "-"
+        print(
+            f"{mode:<18} {r['input_mb']:>9.1f} {r['best_s']:>7.3f} {r['median_s']:>8.3f} "
+            f"{r['mb_per_s']:>6.0f} {ratio:>7} {peak:>13} {rss:>12}"
+        )
+    for name, ok in report["checks"].items():
+        print(f"{name}: {ok}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
-        _child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        _child(sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     else:
         main()

@@ -1,5 +1,5 @@
-"""Session fixtures: one real FSDP2 run (2 ranks, then 3 ranks resuming from a reshard) and the
-unsharded reference model it must agree with."""
+"""Session fixtures: one real FSDP2 run (2 ranks, then 3 ranks resuming from a reshard, in both the
+.pt and the shard format) and the unsharded reference model it must agree with."""
 
 from __future__ import annotations
 
@@ -30,13 +30,35 @@ class Sharded:
     def dcp(self, world: int) -> Path:
         return self.root / f"w{world}" / "dcp"
 
+    def shards(self, world: int) -> Path:
+        """The untrained LoRA weights in the shard format (parts only, no merged index)."""
+        return self.root / f"w{world}" / "shards"
+
+    def trained(self, world: int) -> Path:
+        """After one AdamW step: weights and optimizer state as shards, merged index."""
+        return self.root / f"w{world}" / "trained"
+
+    def trained_full(self, world: int) -> Path:
+        """The gathered (unsharded) values of ``trained``."""
+        return self.root / f"w{world}" / "trained_full.pt"
+
     @property
     def resharded(self) -> Path:
         return self.root / "resharded"
 
     @property
+    def resharded_shards(self) -> Path:
+        """``trained(2)`` resharded to 3 ranks (weights and optimizer state)."""
+        return self.root / "resharded-shards"
+
+    @property
     def resumed(self) -> Path:
         return self.root / "w3" / "resumed.pt"
+
+    @property
+    def resumed_shards(self) -> Path:
+        """What a 3-rank FSDP job held after loading ``resharded_shards``, gathered."""
+        return self.root / "w3" / "resumed_shards.pt"
 
 
 @pytest.fixture(scope="session")

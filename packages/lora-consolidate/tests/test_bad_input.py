@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -156,3 +159,73 @@ def test_cli_reports_the_shard_and_exits_2(
     assert err.startswith("lora-consolidate: error: ")
     assert "model_world_size_2_rank_0.pt" in err
     _assert_nothing_written(tmp_path)
+
+
+# ------------------------------------------------------------------------- the shard format
+
+
+def _copy_shards(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_part(ckpt: Path, rank: int, edit: Callable[[dict[str, Any]], None]) -> None:
+    path = ckpt / f"model_world_size_3_rank_{rank}.index.json"
+    part = json.loads(path.read_text())
+    edit(part)
+    path.write_text(json.dumps(part))
+
+
+def _row(part: dict[str, Any], name_part: str) -> list[Any]:
+    return next(r for r in part["tensors"] if name_part in r[0])
+
+
+LORA_A0 = "language_model.layers.0.self_attn.q_proj.lora_A"  # [8, 64] over 3 ranks: 3, 3, 2 rows
+
+
+def test_shards_missing_rank(sharded: Sharded, tmp_path: Path) -> None:
+    ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt")
+    (ckpt / "model_world_size_3_rank_1.index.json").unlink()
+    _expect(ckpt, tmp_path, r"missing rank\(s\) \[1\]", "model_world_size_3_rank_1.index.json")
+    shutil.copy(sharded.shards(3) / "model_world_size_3_rank_1.index.json", ckpt)
+    (ckpt / "model_world_size_3_rank_2.safetensors").unlink()
+    _expect(ckpt, tmp_path, "data file of rank 2 is missing", "model_world_size_3_rank_2")
+
+
+@pytest.mark.parametrize(
+    ("offset", "match"), [(2, "regions overlap: rank 1"), (4, "regions leave a gap: rows 3..4")]
+)
+def test_shards_overlap_or_gap(sharded: Sharded, tmp_path: Path, offset: int, match: str) -> None:
+    ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt")
+    _edit_part(ckpt, 1, lambda p: _row(p, LORA_A0)[3].__setitem__(0, offset))
+    err = _expect(ckpt, tmp_path, match, "ckpt")
+    assert err.key is not None and LORA_A0 in err.key
+
+
+def test_shards_dtype_or_shape_disagrees_with_file(sharded: Sharded, tmp_path: Path) -> None:
+    ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt")
+    for rank in range(3):  # every rank's index says bf16; the files hold f32
+        _edit_part(ckpt, rank, lambda p: _row(p, LORA_A0).__setitem__(1, "BF16"))
+    err = _expect(
+        ckpt, tmp_path, "file holds dtype F32, the index says BF16", "model_world_size_3_rank_0"
+    )
+    assert err.key is not None and LORA_A0 in err.key
+    ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt2")
+    _edit_part(ckpt, 0, lambda p: _row(p, LORA_A0)[4].__setitem__(0, 2))
+    _expect(
+        ckpt, tmp_path, r"file holds shape \[3, 64\], the index says \[2, 64\]",
+        "model_world_size_3_rank_0.safetensors",
+    )  # fmt: skip
+
+
+def test_shards_truncated_or_replaced_file(sharded: Sharded, tmp_path: Path) -> None:
+    ckpt = _copy_shards(sharded.trained(2), tmp_path / "ckpt")  # with the merged index
+    victim = ckpt / "model_world_size_2_rank_1.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-100])
+    _expect(ckpt, tmp_path, "truncated or replaced", "model_world_size_2_rank_1.safetensors")
+
+
+def test_shards_from_two_saves(sharded: Sharded, tmp_path: Path) -> None:
+    ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt")
+    _edit_part(ckpt, 2, lambda p: p.__setitem__("tag", "other"))
+    _expect(ckpt, tmp_path, "different saves", "model_world_size_3_rank_2.index.json")

@@ -111,9 +111,10 @@ def test_page_release_keeps_data(tmp_path: Path) -> None:
     mesh = make_mesh("cpu", 1, 0)
     torch.save({"w": make_dtensor(full.clone(), mesh, Shard(0), (4096, 64))},
                tmp_path / "model_world_size_1_rank_0.pt")  # fmt: skip
-    with RankFileCheckpoint(tmp_path) as ckpt:
+    with RankFileCheckpoint(tmp_path, loader="torch") as ckpt:
         first = ckpt.read("w")
-        local = ckpt.value(0, "w").to_local()
+        local = ckpt.stored(0, "w").local
+        assert local is not None
         _pages.release(local, _pages.file_mappings(ckpt.files[0]))
         again = ckpt.read("w")  # pages dropped above are re-read from the file
     assert torch.equal(first, full)

@@ -18,7 +18,7 @@ from lora_consolidate.consolidate import consolidate
 from lora_consolidate.errors import ConsolidationError
 from lora_consolidate.merge import merge_adapter
 from lora_consolidate.reshard import reshard
-from lora_consolidate.sources import open_checkpoint
+from lora_consolidate.sources import RANK_FILE_RE, open_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,8 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("consolidate", help="sharded checkpoint -> PEFT adapter directory")
-    c.add_argument("checkpoint", type=Path, help="DCP dir, or dir (or its policy/) of rank files")
-    c.add_argument("--out", type=Path, required=True)
+    c.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a SkyRL step directory (ckpt/global_step_N), its policy/, a DCP directory or a "
+        "directory of rank files",
+    )
+    c.add_argument("--out", type=Path, required=True, help="directory for the PEFT adapter")
     c.add_argument("--adapter-config", type=Path, help="adapter_config.json to start from")
     c.add_argument("--lora-alpha", type=float, help="needed when no adapter config is found")
     c.add_argument("--base-model", help="base_model_name_or_path written to the config")
@@ -43,26 +48,47 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--merge", type=Path, metavar="BASE_DIR", help="write base+adapter merged model instead"
     )
-    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
     m = sub.add_parser("merge", help="fold a PEFT adapter into base safetensors weights")
-    m.add_argument("adapter", type=Path)
-    m.add_argument("--base", type=Path, required=True)
-    m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--overwrite", action="store_true")
+    m.add_argument("adapter", type=Path, help="PEFT adapter directory")
+    m.add_argument("--base", type=Path, required=True, help="base model directory (safetensors)")
+    m.add_argument("--out", type=Path, required=True, help="directory for the merged model")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
     r = sub.add_parser("reshard", help="rewrite rank files for another world size")
-    r.add_argument("checkpoint", type=Path)
+    r.add_argument(
+        "checkpoint", type=Path, help="a step directory, its policy/ or a directory of rank files"
+    )
     r.add_argument("--world-size", type=int, required=True, help="new world size")
-    r.add_argument("--source-world-size", type=int)
-    r.add_argument("--out", type=Path, required=True)
+    r.add_argument(
+        "--source-world-size", type=int, help="read rank files of this world size (if several)"
+    )
+    r.add_argument("--out", type=Path, required=True, help="directory for the new rank files")
     r.add_argument("--lora-only", action="store_true", help="keep only LoRA tensors")
-    r.add_argument("--overwrite", action="store_true")
+    r.add_argument(
+        "--format",
+        choices=["shards", "pt"],
+        help="output: the shard format (with optimizer state) or SkyRL .pt files "
+        "(default: as the input; DCP gives pt)",
+    )
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
     i = sub.add_parser("inspect", help="validate a checkpoint and list its tensors")
-    i.add_argument("checkpoint", type=Path)
-    i.add_argument("--world-size", type=int)
+    i.add_argument(
+        "checkpoint", type=Path, help="a step directory, its policy/, a DCP or rank-file directory"
+    )
+    i.add_argument("--world-size", type=int, help="pick rank files of this world size")
     return p
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    """The shards of ``path``: a SkyRL step directory (``global_step_N``) means its ``policy/``."""
+    if not path.is_dir() or (path / ".metadata").is_file() or not (path / "policy").is_dir():
+        return path
+    if any(RANK_FILE_RE.match(p.name) for p in path.iterdir()):
+        return path
+    return path / "policy"
 
 
 def _summary(result: Any) -> str:
@@ -70,6 +96,8 @@ def _summary(result: Any) -> str:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.command in ("consolidate", "reshard", "inspect"):
+        args.checkpoint = _checkpoint_dir(args.checkpoint)
     if args.command == "consolidate":
         kwargs: dict[str, Any] = {
             "adapter_config": args.adapter_config,
@@ -103,6 +131,7 @@ def _run(args: argparse.Namespace) -> None:
             lora_only=args.lora_only,
             source_world_size=args.source_world_size,
             overwrite=args.overwrite,
+            output_format=args.format,
         )
         print(_summary(result))
     else:

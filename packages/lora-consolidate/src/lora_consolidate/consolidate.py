@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import Counter
@@ -15,7 +16,9 @@ import torch
 
 from lora_consolidate import keys
 from lora_consolidate._atomic import staged_directory
-from lora_consolidate._safetensors_stream import TensorSpec, write_streaming
+from lora_consolidate._plan import FileRange
+from lora_consolidate._safetensors_stream import TensorSpec, encode_header, tensor_bytes
+from lora_consolidate._writer import ChunkedWriter
 from lora_consolidate.errors import ConsolidationError
 from lora_consolidate.sources import ShardedCheckpoint, open_checkpoint
 
@@ -38,12 +41,14 @@ class ConsolidateResult:
     bytes_written: int
     vision_tensors_skipped: int
     seconds: float
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
 class _Selected:
     source: str  # key in the checkpoint
     spec: TensorSpec  # output name, shape, dtype
+    source_dtype: torch.dtype
 
 
 def select_adapter_tensors(
@@ -74,7 +79,8 @@ def select_adapter_tensors(
                 f"{ckpt.path}: keys {names[name]!r} and {spec.name!r} both map to {name!r}"
             )
         names[name] = spec.name
-        selected.append(_Selected(spec.name, TensorSpec(name, spec.shape, dtype or spec.dtype)))
+        out_spec = TensorSpec(name, spec.shape, dtype or spec.dtype)
+        selected.append(_Selected(spec.name, out_spec, spec.dtype))
     if not selected:
         if seen_adapters and adapter_name not in seen_adapters:
             raise ConsolidationError(
@@ -194,6 +200,37 @@ def load_config_arg(
     return loaded  # pyright: ignore[reportUnknownVariableType]
 
 
+def write_adapter_weights(
+    path: Path, ckpt: ShardedCheckpoint, selected: list[_Selected]
+) -> tuple[int, str]:
+    """Stream the selected tensors into a new safetensors file; return (data bytes, sha256).
+
+    The header is written first (every shape is known), then each tensor's bytes straight from
+    the shard files where they can be copied as they are (see ``_plan``); the file is hashed as
+    it is written.
+    """
+    prefix = encode_header([s.spec for s in selected], {"format": "pt"})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        with ChunkedWriter(fd) as out:
+            out.write(prefix)
+            for sel in selected:
+                if sel.spec.dtype != sel.source_dtype:
+                    out.write(tensor_bytes(ckpt.read(sel.source).to(sel.spec.dtype)))
+                    continue
+                for seg in ckpt.segments(sel.source):
+                    if isinstance(seg, FileRange):
+                        out.copy_range(
+                            seg.fd, seg.offset, seg.nbytes, where=seg.path, key=sel.source
+                        )
+                    else:
+                        out.write(seg)
+            size, sha = out.finish()
+    finally:
+        os.close(fd)
+    return size - len(prefix), sha
+
+
 def consolidate(
     checkpoint: Path | str,
     out: Path | str,
@@ -206,15 +243,18 @@ def consolidate(
     dtype: torch.dtype | None = None,
     world_size: int | None = None,
     overwrite: bool = False,
+    loader: str = "auto",
 ) -> ConsolidateResult:
     """Write ``out/adapter_model.safetensors`` + ``out/adapter_config.json`` from a checkpoint.
 
-    The sharded checkpoint is streamed: at most one tensor (and its shards' pages) is held in
-    memory at a time.
+    The sharded checkpoint is streamed: shard bytes are copied through a few fixed buffers (a
+    tensor is assembled in memory only when its shards cannot be copied as they are), and the
+    output is hashed as it is written (``ConsolidateResult.sha256``).
 
     ``adapter_config`` may be a mapping or a JSON file; if omitted, ``adapter_config.json`` is
     looked for in the checkpoint, its ``lora_adapter/`` or its sibling ``lora_adapter/`` (SkyRL
     layout), else built from the shards plus ``lora_alpha``. Output appears atomically.
+    ``loader`` picks how ``torch.save`` rank files are read (``RankFileCheckpoint``).
     """
     started = time.perf_counter()
     checkpoint = Path(checkpoint)
@@ -228,7 +268,7 @@ def consolidate(
             config_where = found
     elif not isinstance(adapter_config, Mapping) and adapter_config is not None:
         config_where = Path(adapter_config)
-    with open_checkpoint(checkpoint, world_size) as ckpt:
+    with open_checkpoint(checkpoint, world_size, loader=loader) as ckpt:
         selected, skipped = select_adapter_tensors(
             ckpt, adapter_name=adapter_name, include_vision=include_vision, dtype=dtype
         )
@@ -240,18 +280,8 @@ def consolidate(
             include_vision=include_vision,
             where=config_where,
         )
-        by_name = {s.spec.name: s.source for s in selected}
-
-        def produce(spec: TensorSpec) -> torch.Tensor:
-            return ckpt.read(by_name[spec.name]).to(spec.dtype)
-
         with staged_directory(out, overwrite=overwrite) as staging:
-            written = write_streaming(
-                staging / ADAPTER_WEIGHTS,
-                [s.spec for s in selected],
-                produce,
-                metadata={"format": "pt"},
-            )
+            written, sha = write_adapter_weights(staging / ADAPTER_WEIGHTS, ckpt, selected)
             (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         return ConsolidateResult(
             out=out,
@@ -261,4 +291,5 @@ def consolidate(
             bytes_written=written,
             vision_tensors_skipped=skipped,
             seconds=time.perf_counter() - started,
+            sha256=sha,
         )

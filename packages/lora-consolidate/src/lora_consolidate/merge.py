@@ -20,24 +20,9 @@ from safetensors import safe_open
 
 from lora_consolidate import keys
 from lora_consolidate._atomic import staged_directory
-from lora_consolidate._safetensors_stream import TensorSpec, write_streaming
+from lora_consolidate._safetensors_stream import DTYPES_BY_NAME, TensorSpec, write_streaming
 from lora_consolidate.consolidate import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lora_consolidate.errors import ConsolidationError, ShardError
-
-_ST_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
 
 
 def _open(path: Path) -> Any:
@@ -158,7 +143,9 @@ def _read_specs(path: Path) -> list[TensorSpec]:
         with _open(path) as f:
             for name in cast(list[str], f.keys()):
                 sl: Any = f.get_slice(name)
-                specs.append(TensorSpec(name, tuple(sl.get_shape()), _ST_DTYPES[sl.get_dtype()]))
+                specs.append(
+                    TensorSpec(name, tuple(sl.get_shape()), DTYPES_BY_NAME[sl.get_dtype()])
+                )
     except Exception as exc:
         raise ShardError(path, f"cannot read base weights ({exc})") from exc
     return specs

@@ -29,8 +29,10 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from lora_consolidate import _pages
-from lora_consolidate._safetensors_stream import TensorSpec
+from lora_consolidate import _pages, _plan, _torchmeta
+from lora_consolidate._plan import Box, Piece, Segment, intersect, slices, whole
+from lora_consolidate._safetensors_stream import TensorSpec, tensor_bytes
+from lora_consolidate._torchmeta import StoredTensor
 from lora_consolidate.errors import ShardError
 
 RANK_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
@@ -39,9 +41,6 @@ RANK_FILE_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 def rank_file_name(world_size: int, rank: int) -> str:
     """SkyRL's file name for ``rank`` of a ``world_size``-rank checkpoint."""
     return f"model_world_size_{world_size}_rank_{rank}.pt"
-
-
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
 
 
 def shard_box(
@@ -79,22 +78,6 @@ def shard_box(
     return (tuple(offsets), tuple(sizes)), primary
 
 
-def _intersect(a: Box, b: Box) -> Box | None:
-    offsets: list[int] = []
-    sizes: list[int] = []
-    for ao, asz, bo, bsz in zip(a[0], a[1], b[0], b[1], strict=True):
-        lo, hi = max(ao, bo), min(ao + asz, bo + bsz)
-        if hi <= lo:
-            return None
-        offsets.append(lo)
-        sizes.append(hi - lo)
-    return tuple(offsets), tuple(sizes)
-
-
-def _slices(box: Box, origin: Sequence[int]) -> tuple[slice, ...]:
-    return tuple(slice(o - base, o - base + s) for o, s, base in zip(*box, origin, strict=True))
-
-
 class ShardedCheckpoint(ABC):
     """A sharded checkpoint opened lazily. Use as a context manager or call :meth:`close`."""
 
@@ -109,6 +92,21 @@ class ShardedCheckpoint(ABC):
     @abstractmethod
     def read(self, name: str, box: Box | None = None) -> torch.Tensor:
         """Assemble tensor ``name`` (or only ``box`` of it) into a fresh CPU tensor."""
+
+    def segments(self, name: str, box: Box | None = None) -> list[Segment]:
+        """The row-major bytes of tensor ``name`` (or ``box`` of it), as file ranges if possible.
+
+        Readers that know where shard bytes lie return file ranges (copied without being
+        assembled); the default assembles the tensor in memory.
+        """
+        return [tensor_bytes(self.read(name, box))]
+
+    def placement(self, name: str) -> tuple[Any | None, str]:
+        """How ``name`` is laid out over ranks, and the device type of its mesh.
+
+        ``Shard(d)``, ``Replicate()``, or None for a plain tensor; reshard lays it out the same.
+        """
+        return Shard(0), "cpu"
 
     def extras(self) -> dict[str, Any]:
         """Non-tensor entries of the state dict (kept by reshard)."""
@@ -127,6 +125,15 @@ class ShardedCheckpoint(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def tensor_from_bytes(
+    data: bytearray, spec_dtype: torch.dtype, shape: Sequence[int]
+) -> torch.Tensor:
+    """A CPU tensor of ``shape`` viewing ``data`` (row-major bytes of ``spec_dtype``)."""
+    if not data:
+        return torch.empty(tuple(shape), dtype=spec_dtype)
+    return torch.frombuffer(data, dtype=torch.uint8).view(spec_dtype).reshape(tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -204,25 +211,49 @@ def _scan(directory: Path) -> dict[tuple[int, int], Path]:
 
 
 class RankFileCheckpoint(ShardedCheckpoint):
-    """Per-rank ``torch.save`` files of FSDP2 DTensor state dicts, memory-mapped."""
+    """Per-rank ``torch.save`` files of FSDP2 DTensor state dicts.
+
+    Each file is opened once. Its metadata is read by the C unpickler without building tensors
+    (``loader="fast"``, see ``_torchmeta``), or by ``torch.load(mmap=True, weights_only=True)``
+    (``loader="torch"``); ``"auto"`` uses the first and falls back to the second for a file it
+    does not model. Tensor bytes are read with ``pread`` at their offset in the file.
+    """
 
     kind = "rank-files"
 
-    def __init__(self, path: Path, world_size: int | None = None) -> None:
+    def __init__(self, path: Path, world_size: int | None = None, *, loader: str = "auto") -> None:
+        if loader not in ("auto", "fast", "torch"):
+            raise ValueError(f"loader must be 'auto', 'fast' or 'torch', got {loader!r}")
         self.path, self.world_size, self.files = find_rank_files(path, world_size)
-        self._dicts: list[Mapping[str, Any]] = []
-        self._maps: list[list[_pages.Mapping]] = []
         self._fds: list[int] = []
-        for file in self.files:
-            self._dicts.append(self._load(file))
-            self._maps.append(_pages.file_mappings(file))
-            self._fds.append(os.open(file, os.O_RDONLY))
-        self._entries = self._validate()
+        self._dicts: list[dict[str, Any]] = []
+        self._meshes: dict[tuple[int, int], tuple[tuple[int, ...], int, list[int] | None]] = {}
+        try:
+            for file in self.files:
+                if file.stat().st_size == 0:
+                    raise ShardError(file, "empty file")
+                self._fds.append(os.open(file, os.O_RDONLY | os.O_CLOEXEC))
+            self.loader = "torch"
+            if loader != "torch":
+                try:
+                    with _quiet_torch():
+                        self._dicts = [
+                            _torchmeta.read_rank_file(f, fd)
+                            for f, fd in zip(self.files, self._fds, strict=True)
+                        ]
+                    self.loader = "fast"
+                except _torchmeta.Unrecognised as exc:
+                    if loader == "fast":
+                        raise ShardError(self.path, f"needs torch.load ({exc})") from exc
+            if self.loader == "torch":
+                self._dicts = [self._load(file) for file in self.files]
+            self._entries = self._validate()
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
-    def _load(file: Path) -> Mapping[str, Any]:
-        if file.stat().st_size == 0:
-            raise ShardError(file, "empty file")
+    def _load(file: Path) -> dict[str, Any]:
         try:
             with _quiet_torch():
                 # mmap: only the pages of tensors actually copied are read from disk.
@@ -234,11 +265,29 @@ class RankFileCheckpoint(ShardedCheckpoint):
             ) from exc
         if not isinstance(obj, Mapping):
             raise ShardError(file, f"expected a state dict, found {type(obj).__name__}")
-        return obj  # pyright: ignore[reportUnknownVariableType]
+        maps = _pages.file_mappings(file)
+        out: dict[str, Any] = {}
+        for key, value in cast(Mapping[str, Any], obj).items():
+            if isinstance(value, DTensor):
+                local = value.to_local()
+                out[key] = StoredTensor(
+                    tuple(value.shape),
+                    value.dtype,
+                    tuple(local.shape),
+                    _pages.file_offset(local, maps),
+                    value.device_mesh,
+                    tuple(value.placements),
+                    local,
+                )
+            elif isinstance(value, torch.Tensor):
+                shape = tuple(value.shape)
+                offset = _pages.file_offset(value, maps)
+                out[key] = StoredTensor(shape, value.dtype, shape, offset, None, (), value)
+            else:
+                out[key] = value
+        return out
 
     def _validate(self) -> dict[str, _Entry]:
-        world = self.world_size
-        assert world is not None
         first = self._dicts[0]
         for rank, sd in enumerate(self._dicts[1:], start=1):
             missing = [k for k in first if k not in sd]
@@ -251,12 +300,12 @@ class RankFileCheckpoint(ShardedCheckpoint):
                 raise ShardError(self.files[rank], "key absent from rank 0", key=extra[0])
         entries: dict[str, _Entry] = {}
         for key, ref in first.items():
-            if not isinstance(ref, torch.Tensor):
+            if not isinstance(ref, StoredTensor):
                 continue
             pieces: list[_Piece] = []
             for rank, sd in enumerate(self._dicts):
                 pieces.append(self._piece(rank, key, sd[key], ref))
-            spec = TensorSpec(key, tuple(ref.shape), ref.dtype)
+            spec = TensorSpec(key, ref.shape, ref.dtype)
             covered = sum(math.prod(p.box[1]) for p in pieces if p.primary)
             if covered != math.prod(spec.shape):
                 raise ShardError(
@@ -267,53 +316,61 @@ class RankFileCheckpoint(ShardedCheckpoint):
             entries[key] = _Entry(spec, tuple(pieces))
         return entries
 
-    def _piece(self, rank: int, key: str, value: Any, ref: torch.Tensor) -> _Piece:
+    def _mesh_info(self, rank: int, mesh: Any) -> tuple[tuple[int, ...], int, list[int] | None]:
+        # DeviceMesh.mesh is computed on every access; every entry of a file shares one mesh.
+        cache_key = (rank, id(mesh))
+        info = self._meshes.get(cache_key)
+        if info is None:
+            tensor = cast(torch.Tensor, mesh.mesh)
+            where = (tensor == rank).nonzero()
+            coordinate = (
+                [int(c) for c in cast(list[int], where[0].tolist())]
+                if where.shape[0] == 1
+                else None
+            )
+            info = (tuple(tensor.shape), tensor.numel(), coordinate)
+            self._meshes[cache_key] = info
+        return info
+
+    def _piece(self, rank: int, key: str, value: Any, ref: StoredTensor) -> _Piece:
         file = self.files[rank]
         world = self.world_size
         assert world is not None
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, StoredTensor):
             raise ShardError(file, f"expected a tensor, found {type(value).__name__}", key=key)
         if value.dtype != ref.dtype:
             raise ShardError(
                 file, f"dtype {value.dtype} differs from rank 0 ({ref.dtype})", key=key
             )
-        if tuple(value.shape) != tuple(ref.shape):
+        if value.shape != ref.shape:
             raise ShardError(
                 file,
                 f"global shape {list(value.shape)} differs from rank 0 ({list(ref.shape)})",
                 key=key,
             )
-        if not isinstance(value, DTensor):
-            if isinstance(ref, DTensor):
+        if value.mesh is None:
+            if ref.mesh is not None:
                 raise ShardError(file, "plain tensor where rank 0 holds a DTensor", key=key)
             # A plain tensor in every rank file is a replicated value: rank 0's copy is used.
-            return _Piece(rank, (tuple(0 for _ in value.shape), tuple(value.shape)), rank == 0)
-        mesh = value.device_mesh.mesh
-        if mesh.numel() != world:
+            return _Piece(rank, whole(value.shape), rank == 0)
+        mesh_shape, numel, coordinate = self._mesh_info(rank, value.mesh)
+        if numel != world:
             raise ShardError(
                 file,
-                f"saved on a {mesh.numel()}-rank device mesh but the file name says world size "
+                f"saved on a {numel}-rank device mesh but the file name says world size "
                 f"{world} (mismatched world sizes)",
                 key=key,
             )
-        where = (mesh == rank).nonzero()
-        if where.shape[0] != 1:
+        if coordinate is None:
             raise ShardError(file, f"rank {rank} is not in the DTensor's device mesh", key=key)
-        coordinate: list[int] = [int(c) for c in cast(list[int], where[0].tolist())]
         box, primary = shard_box(
-            tuple(value.shape),
-            tuple(mesh.shape),
-            coordinate,
-            value.placements,
-            where=file,
-            key=key,
+            value.shape, mesh_shape, coordinate, value.placements, where=file, key=key
         )
-        local_shape = tuple(value.to_local().shape)
-        if local_shape != box[1]:
+        if value.local_shape != box[1]:
             raise ShardError(
                 file,
-                f"local shard shape {list(local_shape)} does not add up: rank {rank} of {world} "
-                f"should hold {list(box[1])} of global {list(value.shape)} "
+                f"local shard shape {list(value.local_shape)} does not add up: rank {rank} of "
+                f"{world} should hold {list(box[1])} of global {list(value.shape)} "
                 f"({list(value.placements)})",
                 key=key,
             )
@@ -323,50 +380,62 @@ class RankFileCheckpoint(ShardedCheckpoint):
         return [e.spec for e in self._entries.values()]
 
     def extras(self) -> dict[str, Any]:
-        return {k: v for k, v in self._dicts[0].items() if not isinstance(v, torch.Tensor)}
+        return {k: v for k, v in self._dicts[0].items() if not isinstance(v, StoredTensor)}
 
-    def value(self, rank: int, key: str) -> Any:
-        """The raw state-dict value (DTensor, tensor or other) of ``key`` in rank ``rank``."""
-        return self._dicts[rank][key]
-
-    def _local(self, rank: int, key: str) -> torch.Tensor:
+    def stored(self, rank: int, key: str) -> StoredTensor:
+        """What rank ``rank``'s file holds for tensor ``key``."""
         value = self._dicts[rank][key]
-        return value.to_local() if isinstance(value, DTensor) else value
+        if not isinstance(value, StoredTensor):
+            raise KeyError(key)
+        return value
+
+    def placement(self, name: str) -> tuple[Any | None, str]:
+        value = self.stored(0, name)
+        if value.mesh is None:
+            return None, "cpu"
+        device_type = str(value.mesh.device_type)
+        placements = value.placements
+        if len(placements) == 1 and isinstance(placements[0], Shard | Replicate):
+            return placements[0], device_type
+        return Shard(0), device_type
+
+    def _pieces(self, name: str) -> list[Piece] | None:
+        pieces: list[Piece] = []
+        for piece in self._entries[name].pieces:
+            if not piece.primary or not math.prod(piece.box[1]):
+                continue
+            offset = self.stored(piece.rank, name).offset
+            if offset is None:
+                return None
+            pieces.append(Piece(piece.box, self._fds[piece.rank], self.files[piece.rank], offset))
+        return pieces
+
+    def segments(self, name: str, box: Box | None = None) -> list[Segment]:
+        spec = self._entries[name].spec
+        pieces = self._pieces(name)
+        if pieces is None:
+            return super().segments(name, box)
+        return _plan.segments(name, spec.dtype.itemsize, box or whole(spec.shape), pieces)
 
     def read(self, name: str, box: Box | None = None) -> torch.Tensor:
-        entry = self._entries[name]
-        if box is None:
-            box = (tuple(0 for _ in entry.spec.shape), entry.spec.shape)
-        out = torch.empty(box[1], dtype=entry.spec.dtype)
-        for piece in entry.pieces:
-            if not piece.primary:
+        spec = self._entries[name].spec
+        box = box or whole(spec.shape)
+        if self._pieces(name) is not None:
+            data = _plan.gather(
+                name, self.segments(name, box), math.prod(box[1]) * spec.dtype.itemsize
+            )
+            return tensor_from_bytes(data, spec.dtype, box[1])
+        # torch.load path where a tensor's file offset is unknown: copy through the mapping.
+        out = torch.empty(box[1], dtype=spec.dtype)
+        for piece in self._entries[name].pieces:
+            overlap = intersect(piece.box, box) if piece.primary else None
+            if overlap is None or not math.prod(overlap[1]):
                 continue
-            overlap = _intersect(piece.box, box) if math.prod(box[1]) else None
-            if overlap is None:
-                continue
-            local = self._local(piece.rank, name)
-            offset = _pages.file_offset(local, self._maps[piece.rank])
-            if offset is None:
-                out[_slices(overlap, box[0])] = local[_slices(overlap, piece.box[0])]
-                _pages.release(local, self._maps[piece.rank])
-                continue
-            shard = self._pread(piece.rank, name, local, offset)
-            out[_slices(overlap, box[0])] = shard[_slices(overlap, piece.box[0])]
+            local = self.stored(piece.rank, name).local
+            assert local is not None
+            out[slices(overlap, box[0])] = local[slices(overlap, piece.box[0])]
+            _pages.release(local, _pages.file_mappings(self.files[piece.rank]))
         return out
-
-    def _pread(self, rank: int, key: str, like: torch.Tensor, offset: int) -> torch.Tensor:
-        shard = torch.empty(like.shape, dtype=like.dtype)
-        if shard.numel() == 0:
-            return shard
-        view = memoryview(shard.reshape(-1).view(torch.uint8).numpy())
-        fd = self._fds[rank]
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n == 0:
-                raise ShardError(self.files[rank], "file ends inside tensor data", key=key)
-            done += n
-        return shard
 
     def close(self) -> None:
         for fd in self._fds:
@@ -490,12 +559,21 @@ class DcpCheckpoint(ShardedCheckpoint):
             ) from exc
         if box is None:
             return full
-        return full[_slices(box, tuple(0 for _ in spec.shape))].clone()
+        return full[slices(box, tuple(0 for _ in spec.shape))].clone()
 
 
-def open_checkpoint(path: Path | str, world_size: int | None = None) -> ShardedCheckpoint:
-    """Open a DCP directory or a directory of per-rank FSDP files (auto-detected)."""
+def open_checkpoint(
+    path: Path | str, world_size: int | None = None, *, loader: str = "auto"
+) -> ShardedCheckpoint:
+    """Open a checkpoint, auto-detected: DCP directory, project shard format, or rank files.
+
+    ``loader`` picks how ``torch.save`` rank files are read (see :class:`RankFileCheckpoint`).
+    """
+    from lora_consolidate.shards import ShardsCheckpoint, has_shards
+
     path = Path(path)
     if (path / ".metadata").is_file():
         return DcpCheckpoint(path)
-    return RankFileCheckpoint(path, world_size)
+    if has_shards(path):
+        return ShardsCheckpoint(path, world_size)
+    return RankFileCheckpoint(path, world_size, loader=loader)
