@@ -90,9 +90,20 @@ def wait_port(proc: subprocess.Popen[bytes], url: str, timeout: float = 60) -> N
     raise TimeoutError(url)
 
 
-def wait_ready(url: str, timeout: float = 60) -> None:
+def check_ping(ping: httpx.Response) -> str:
+    """The SageMaker contract: 200 only when ready, else 503 + Retry-After; returns the status."""
+    status = str(ping.json()["status"])
+    if status == "ready":
+        assert ping.status_code == 200, ping.text
+    else:
+        assert status in ("starting", "loading"), ping.text
+        assert ping.status_code == 503 and int(ping.headers["retry-after"]) >= 1
+    return status
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while httpx.get(f"{url}/ping").json()["status"] != "ready":
+    while check_ping(httpx.get(f"{url}/ping")) != "ready":
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -120,8 +131,8 @@ def test_sagemaker_serve_with_adapter_from_s3(
         wait_port(proc, url)
         t0 = time.monotonic()
         ping = httpx.get(f"{url}/ping", timeout=2)
-        assert time.monotonic() - t0 < 2 and ping.status_code == 200
-        assert ping.json()["status"] in ("starting", "loading", "ready")
+        assert time.monotonic() - t0 < 2
+        check_ping(ping)
         wait_ready(url)
         models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
         assert models == ["tiny", "tiny:adapter"]
@@ -139,9 +150,10 @@ def test_sagemaker_serve_with_adapter_from_s3(
         stop(proc)
 
 
-def test_ping_answers_while_torch_imports_then_the_app_takes_the_same_port(tiny: Path) -> None:
-    """The port opens before the heavy imports: /ping is 200 from the early responder, other
-    routes 503 + Retry-After, then the real app answers on the same socket."""
+def test_ping_is_503_while_torch_imports_then_the_app_takes_the_same_port(tiny: Path) -> None:
+    """The port opens before the heavy imports: the early responder answers /ping and every
+    other route 503 + Retry-After, then the real app on the same socket: 503 while loading,
+    200 once ready; no connection is refused in between."""
     proc, url = start(["serve"], {"SM_MODEL_DIR": str(tiny)})
     try:
         wait_port(proc, url)
@@ -157,8 +169,7 @@ def test_ping_answers_while_torch_imports_then_the_app_takes_the_same_port(tiny:
             except httpx.TransportError:
                 refused_during_handover += 1
                 return None
-            assert ping.status_code == 200
-            return str(ping.json()["status"])
+            return check_ping(ping)
 
         while not seen or seen[-1] != "ready":
             assert time.monotonic() < deadline, seen
@@ -235,6 +246,19 @@ def test_serve_defaults_follow_the_sagemaker_contract(
     assert engine.config.default_adapter == "adapter"
 
 
+def test_batching_flags(tiny: Path) -> None:
+    from maze_server.cli import build
+
+    def config(*flags: str) -> Any:
+        return build(["--model", str(tiny), *flags]).app.state.engine.config
+
+    on = config()
+    assert (on.batch_max_size, on.batch_wait_ms) == (8, 100.0)  # on by default
+    assert config("--no-batching").batch_max_size == 1
+    custom = config("--batch-max-size", "4", "--batch-wait-ms", "0")
+    assert (custom.batch_max_size, custom.batch_wait_ms) == (4, 0.0)
+
+
 def test_cli_usage_errors(
     adapter: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -245,6 +269,7 @@ def test_cli_usage_errors(
         ([], "--model is required"),
         (["--model", "m", "--lora-modules", "x"], "NAME=PATH"),
         (["--model", str(adapter)], "MAZE_BASE_MODEL"),
+        (["--model", "m", "--batch-max-size", "0"], "--batch-max-size"),
     )
     for args, needle in cases:
         assert main(args) == 2

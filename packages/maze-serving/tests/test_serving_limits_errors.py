@@ -153,22 +153,28 @@ def test_request_timeout_is_504_and_frees_the_worker(start_server: ServerFactory
         assert ok.status_code == 200, ok.text
 
 
-def test_ping_answers_while_the_model_loads(start_server: ServerFactory) -> None:
+def test_ping_is_503_until_the_model_can_serve(start_server: ServerFactory) -> None:
+    """SageMaker reads a 200 from /ping as "ready for traffic": loading answers 503 at once."""
     gate = threading.Event()
     with start_server(wait=False, engine_kwargs={"before_load": lambda: gate.wait(30)}) as url:
         t0 = time.monotonic()
         r = httpx.get(f"{url}/ping", timeout=2)
         assert time.monotonic() - t0 < 2
-        assert r.status_code == 200 and r.json() == {"status": "loading"}
+        assert r.status_code == 503 and r.json() == {"status": "loading"}
+        assert r.headers["retry-after"] == "2"
         assert httpx.get(f"{url}/health").status_code == 503
         busy = post(url, {"model": BASE, "messages": user("hi")}, path="/invocations")
         assert_error(busy, 503, "loading")
         assert busy.headers["retry-after"] == "2"
         gate.set()
         deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/ping").json()["status"] != "ready":
+        while (r := httpx.get(f"{url}/ping")).status_code == 503:
+            assert r.json() == {"status": "loading"}
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        # The first 200 means what SageMaker takes it to mean: the next request is served.
+        assert r.status_code == 200 and r.json() == {"status": "ready"}
+        assert "retry-after" not in r.headers
         inv = post(url, {"messages": user("hi"), "max_tokens": 3}, path="/invocations")
         assert inv.status_code == 200 and inv.json()["model"] == BASE
 
@@ -178,9 +184,11 @@ def test_failed_load_is_reported_by_ping(tmp_path: Path) -> None:
     with serve_in_thread(create_app(config)) as url:
         deadline = time.monotonic() + 30
         while (r := httpx.get(f"{url}/ping")).json()["status"] == "loading":
+            assert r.status_code == 503
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert r.status_code == 503 and "missing" in r.json()["error"]
+        assert r.json()["status"] == "failed" and "retry-after" not in r.headers
         assert_error(post(url, {"messages": user("hi")}, path="/invocations"), 503, "failed")
 
 

@@ -9,9 +9,10 @@
 ``MAZE_ADAPTER`` (directory or ``s3://`` prefix), served as the default for ``/invocations``;
 or, when the model directory itself is a LoRA adapter (``adapter_config.json``), the base from
 ``MAZE_BASE_MODEL``. It binds 0.0.0.0:8080 unless ``--host``/``--port`` say otherwise.
-The port is bound before torch is imported and answers ``/ping`` from then on (a standard-library
-responder until the app takes over the same socket); downloads and model loading run in the
-background after that.
+The port is bound before torch is imported and answers ``/ping`` from then on: 503 +
+``Retry-After`` (a standard-library responder until the app takes over the same socket, then
+the app while the model loads), 200 once a request can be served. Downloads and model loading
+run in the background.
 """
 
 from __future__ import annotations
@@ -56,11 +57,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 8000; 8080 for 'serve')")
     p.add_argument("--max-pending", type=int, default=8, help="concurrent requests before 429")
     p.add_argument("--request-timeout", type=float, default=60.0, help="seconds before 504")
-    p.add_argument("--max-tokens-limit", type=int, default=2048)
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=2048,
+        help="largest max_tokens a request may ask for; more is a 400 (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="largest request body, images included; more is a 413 (default 32 MiB)",
+    )
     p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument(
+        "--batch-max-size",
+        type=int,
+        default=8,
+        help="most concurrent requests generated together in one batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=100.0,
+        help="under concurrent load, how long a batch waits for more requests to join; "
+        "a request arriving alone never waits (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="generate one request at a time (the same as --batch-max-size 1)",
+    )
     p.add_argument("--cache-dir", help="where s3:// downloads go (default: a temp dir)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        help="debug, info, warning or error (default %(default)s)",
+    )
     return p
 
 
@@ -128,6 +161,8 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
         adapters.setdefault("adapter", model)
         default_adapter = default_adapter or "adapter"
         model_path = base
+    if args.batch_max_size < 1 or args.batch_wait_ms < 0:
+        raise UsageError("--batch-max-size must be >= 1 and --batch-wait-ms >= 0")
     name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
     return Settings(
         model_path=model_path,
@@ -165,6 +200,8 @@ def create(settings: Settings) -> Launch:
         request_timeout_s=args.request_timeout,
         max_new_tokens_limit=args.max_tokens_limit,
         threads=args.threads,
+        batch_max_size=1 if args.no_batching else args.batch_max_size,
+        batch_wait_ms=args.batch_wait_ms,
         cache_dir=settings.cache_dir,
     )
     app = create_app(config, max_body_bytes=args.max_body_bytes, cache_dir=settings.cache_dir)

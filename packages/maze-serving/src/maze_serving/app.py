@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maze_policy.errors import ChatEncodingError
 from maze_serving.engine import (
+    LOADING_RETRY_AFTER_S,
     EngineConfig,
     GenerationOutput,
     GenerationRequest,
@@ -74,11 +75,18 @@ class _BodyTooLargeError(StarletteHTTPException, PayloadTooLargeError):
         StarletteHTTPException.__init__(self, 413, message)
 
 
+def _printable(text: str) -> str:
+    """``text`` with any lone surrogate written as an escape, so a UTF-8 body can carry it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _error_response(exc: ServingError) -> JSONResponse:
     headers: dict[str, str] = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    body = exc.body()
+    body["error"]["message"] = _printable(str(body["error"]["message"]))
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def _http_error_type(status: int) -> str:
@@ -115,7 +123,11 @@ async def validation_error_handler(_: Request, exc: RequestValidationError) -> J
     """
     errs = exc.errors()
     detail = "; ".join(
-        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errs[:5]
+        # Unicode errors carry their own dotted location (the whole body is checked at once).
+        str(e.get("msg", ""))
+        if e.get("type") == "invalid_unicode"
+        else f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+        for e in errs[:5]
     )
     return _error_response(BadRequestError(f"invalid request: {detail}"))
 
@@ -132,7 +144,7 @@ async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONRes
     """
     body = {
         "error": {
-            "message": str(exc.detail),
+            "message": _printable(str(exc.detail)),
             "type": _http_error_type(exc.status_code),
             "code": exc.status_code,
         }
@@ -502,6 +514,9 @@ async def _sse_events(
             yield _sse(err.body())
             yield _DONE
             return
+        # Free the slot before the last events: a client that sends its next request on
+        # [DONE] must not find this one still counted (the batcher waits for counted ones).
+        call.ticket.release()
         for event in _final_events(call, out, text.rest(out.text), include_usage):
             yield event
         call.record(out)
@@ -583,7 +598,9 @@ async def invocations(
 
 @router.get("/ping")
 async def ping(engine: EngineDep) -> JSONResponse:
-    """SageMaker health check: 200 at once, also while the model loads (see ``status``).
+    """SageMaker health check: 200 only once a request can be served, at once either way.
+
+    SageMaker reads a 200 as "ready for traffic", so loading answers 503 + ``Retry-After``.
 
     \f
 
@@ -591,13 +608,10 @@ async def ping(engine: EngineDep) -> JSONResponse:
         engine: The app's engine.
 
     Returns:
-        200 ``{"status"}``, or 503 ``{"status": "failed", "error"}``.
+        200 ``{"status": "ready"}``; 503 ``{"status": "loading"}`` with ``Retry-After``, or
+        503 ``{"status": "failed", "error"}``.
     """  # noqa: D301
-    body: dict[str, Any] = {"status": engine.status}
-    if engine.status == "failed":
-        body["error"] = engine.load_error
-        return JSONResponse(body, status_code=503)
-    return JSONResponse(body)
+    return _readiness(engine, with_error=True)
 
 
 @router.get("/health")
@@ -610,10 +624,22 @@ async def health(engine: EngineDep) -> JSONResponse:
         engine: The app's engine.
 
     Returns:
-        ``{"status"}`` with 200 when ready, else 503.
+        ``{"status"}`` with 200 when ready, else 503 (``Retry-After`` while loading).
     """  # noqa: D301
-    code = 200 if engine.status == "ready" else 503
-    return JSONResponse({"status": engine.status}, status_code=code)
+    return _readiness(engine, with_error=False)
+
+
+def _readiness(engine: ServingEngine, *, with_error: bool) -> JSONResponse:
+    body: dict[str, Any] = {"status": engine.status}
+    if engine.status == "ready":
+        return JSONResponse(body)
+    headers: dict[str, str] = {}
+    if engine.status == "failed":
+        if with_error:
+            body["error"] = _printable(engine.load_error or "")
+    else:
+        headers["Retry-After"] = str(LOADING_RETRY_AFTER_S)
+    return JSONResponse(body, status_code=503, headers=headers)
 
 
 @router.post("/v1/load_lora_adapter")

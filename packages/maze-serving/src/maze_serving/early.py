@@ -4,8 +4,10 @@ SageMaker probes ``/ping`` as soon as the container starts, but importing torch 
 transformers takes 10-35 s on a cold container. The CLI therefore binds its listening socket
 first, serves it from this standard-library responder while the heavy imports run, then hands
 the *same* socket to uvicorn: no connection is refused in between, and connections that queue
-during the handover are answered by the real app. Standard library only, so importing this
-module costs milliseconds.
+during the handover are answered by the real app. Every answer is a 503 with ``Retry-After``
+(``/ping``: ``{"status": "starting"}``): SageMaker takes a 200 as "ready for traffic", which
+only the app says, once the model is loaded. Standard library only, so importing this module
+costs milliseconds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ RETRY_AFTER_S = 5
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says TCP,
+    # and without it every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -42,36 +46,31 @@ class _Handler(BaseHTTPRequestHandler):
     # uvicorn has taken over the socket.
     protocol_version = "HTTP/1.0"
 
-    def _reply(self, status: int, body: dict[str, object], retry: bool = False) -> None:
+    def _reply(self, body: dict[str, object]) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
+        self.send_response(503)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        if retry:
-            self.send_header("Retry-After", str(RETRY_AFTER_S))
+        self.send_header("Retry-After", str(RETRY_AFTER_S))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
 
     def _handle(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path == "/ping":
-            # Same body shape as the app's /ping; 200 because the container is healthy and
-            # loading, which is what SageMaker's health check asks.
-            self._reply(200, {"status": STARTING})
-        elif path == "/health":
-            self._reply(503, {"status": STARTING}, retry=True)
+        if path in ("/ping", "/health"):
+            # Same body as the app's /ping while loading; a 503, because SageMaker reads a 200
+            # as "ready for traffic" and nothing can be served yet.
+            self._reply({"status": STARTING})
         else:
             self._reply(
-                503,
                 {
                     "error": {
                         "message": "the server is starting; retry shortly",
                         "type": "ServiceUnavailable",
                         "code": 503,
                     }
-                },
-                retry=True,
+                }
             )
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _handle  # noqa: N815

@@ -5,6 +5,15 @@ deleting adapters) runs on a single worker thread, so an adapter switch can neve
 with a generation. A request *pins* the adapter it resolved on admission (a reference count):
 hot reload loads each new weight-sync version under a new name (``v<N>``), swaps the ``latest``
 alias atomically, and deletes the old version only when no admitted request still holds it.
+
+Requests are batched dynamically: each worker turn takes the queued requests (up to
+``batch_max_size``), encodes each on its own (a bad image or an over-long prompt fails only
+that request), and generates those on the same adapter in one ``generate`` call that keeps each
+request's sampling parameters, seed and limits (:mod:`maze_serving.batching`). Under
+concurrent load a turn keeps taking (and encoding) requests for up to ``batch_wait_ms`` until
+it holds as many as were admitted at once since the previous turn, so clients answered together
+are generated together again instead of in alternating halves; a request that arrives alone
+starts at once.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import io
 import logging
 import random
@@ -19,6 +29,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -28,14 +39,13 @@ from typing import Any, cast
 
 import torch
 from PIL import Image
-from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
 
 from maze_policy.chat import Trajectory
 from maze_policy.errors import ChatEncodingError, ModelLoadError
 from maze_policy.model import load_vlm
 from maze_policy.policy import Policy
 from maze_policy.sampling import SamplingParams
+from maze_serving.batching import Row, RowResult, generate_rows
 from maze_serving.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -51,6 +61,9 @@ log = logging.getLogger(__name__)
 
 LATEST_ALIAS = "latest"
 """Adapter name under which the newest hot-reloaded weight-sync version is served."""
+
+LOADING_RETRY_AFTER_S = 2
+"""``Retry-After`` seconds of the 503 answers while the model loads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,17 @@ class EngineConfig:
     max_images: int = 16
     threads: int | None = None
     """torch intra-op threads for the worker (None: torch's default)."""
+    batch_max_size: int = 8
+    """Most requests generated together in one batch; 1 turns batching off."""
+    batch_wait_ms: float = 100.0
+    """Under concurrent load, how long a batch waits for more requests to join (see the module
+    docstring); a request arriving alone never waits."""
+
+    def __post_init__(self) -> None:
+        if self.batch_max_size < 1:
+            raise ValueError(f"batch_max_size must be >= 1, got {self.batch_max_size}")
+        if self.batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms}")
 
     @property
     def base_name(self) -> str:
@@ -113,33 +137,17 @@ class GenerationOutput:
     finish_reason: str
 
 
-class _Cancel(StoppingCriteria):
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """A submitted request waiting for (or in) a batch; ``future`` gets its output or error."""
 
-    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
-    ) -> Any:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
-
-
-class _TokenSink(BaseStreamer):
-    """Hands each newly generated token id to ``on_token`` (the first ``put`` is the prompt)."""
-
-    def __init__(self, on_token: Callable[[int], None]) -> None:
-        self.on_token = on_token
-        self.prompt_seen = False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        toks = cast(list[int], cast(torch.Tensor, value).reshape(-1).tolist())
-        for tok in toks:
-            self.on_token(int(tok))
-
-    def end(self) -> None:
-        return None
+    adapter: str | None
+    req: GenerationRequest
+    cancel: threading.Event
+    on_token: Callable[[int], None] | None
+    on_prompt: Callable[[int], None] | None
+    future: Future[GenerationOutput]
+    traj: Trajectory | None = None
 
 
 @dataclass(slots=True)
@@ -222,6 +230,9 @@ class ServingEngine:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._queue: deque[_Pending] = deque()
+        self._queued = threading.Condition()
+        self._peak_inflight = 0
         self.created = int(time.time())
 
     # ----------------------------------------------------------------- lifecycle
@@ -240,6 +251,12 @@ class ServingEngine:
         for t in self._threads:
             t.join(timeout=5)
         self._worker.shutdown(wait=False, cancel_futures=True)
+        with self._queued:
+            left = list(self._queue)
+            self._queue.clear()
+        for item in left:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(NotReadyError("the server is shutting down"))
 
     def _load_all(self) -> None:
         try:
@@ -415,6 +432,7 @@ class ServingEngine:
                     retry_after=1,
                 )
             self._inflight += 1
+            self._peak_inflight = max(self._peak_inflight, self._inflight)
             if adapter is not None:
                 self._adapters[adapter].refs += 1
         self.metrics.requests_running.set(self._inflight)
@@ -428,46 +446,62 @@ class ServingEngine:
             self._retire_idle()
         self.metrics.requests_running.set(self._inflight)
 
-    def _generate_sync(
-        self,
-        adapter: str | None,
-        req: GenerationRequest,
-        cancel: threading.Event,
-        on_token: Callable[[int], None] | None,
-        on_prompt: Callable[[int], None] | None,
-    ) -> GenerationOutput:
-        policy = self._policy
-        assert policy is not None
-        if cancel.is_set():  # timed out while queued
-            return GenerationOutput([], "", None, 0, "cancelled")
-        traj: Trajectory = policy.encoder.encode_conversation(req.messages)
-        prompt_len = len(traj)
-        if on_prompt is not None:
-            on_prompt(prompt_len)
-        max_new = req.params.max_new_tokens
-        if prompt_len + max_new > self.config.max_model_len:
-            raise BadRequestError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_new}) exceeds the model's "
-                f"context of {self.config.max_model_len} tokens"
+    def _take(self, want: int, deadline: float) -> list[_Pending] | None:
+        """Worker thread: up to ``want`` queued requests, waiting until ``deadline`` for one.
+
+        ``None`` when none came; requests whose client already gave up (a cancelled future) are
+        dropped from the list.
+        """
+        with self._queued:
+            while not self._queue and (left := deadline - time.monotonic()) > 0:
+                self._queued.wait(left)
+            if not self._queue:
+                return None
+            taken = [self._queue.popleft() for _ in range(min(want, len(self._queue)))]
+        return [item for item in taken if item.future.set_running_or_notify_cancel()]
+
+    def _prepare(self, item: _Pending, policy: Policy) -> bool:
+        """Encode one request; on any problem fail only its future and return False."""
+        try:
+            if item.cancel.is_set():  # timed out while queued
+                item.future.set_result(GenerationOutput([], "", None, 0, "cancelled"))
+                return False
+            try:
+                traj = policy.encoder.encode_conversation(item.req.messages)
+            except ChatEncodingError as exc:
+                raise BadRequestError(str(exc)) from exc
+            except ValueError as exc:  # the image processor's refusals (e.g. aspect ratio)
+                raise BadRequestError(f"cannot encode the conversation: {exc}") from exc
+            max_new = item.req.params.max_new_tokens
+            if len(traj) + max_new > self.config.max_model_len:
+                raise BadRequestError(
+                    f"prompt ({len(traj)} tokens) + max_tokens ({max_new}) exceeds the model's "
+                    f"context of {self.config.max_model_len} tokens"
+                )
+            if item.on_prompt is not None:  # a stream starts only for a request that fits
+                item.on_prompt(len(traj))
+        except Exception as exc:  # one request's failure must not fail its batch
+            item.future.set_exception(exc)
+            return False
+        item.traj = traj
+        return True
+
+    def _generate_batch(self, adapter: str | None, items: list[_Pending], policy: Policy) -> None:
+        """Worker thread: one ``generate`` call for ``items`` (all on ``adapter``)."""
+        rows = [
+            Row(
+                traj=cast(Trajectory, item.traj),
+                params=item.req.params,
+                seed=item.req.seed,
+                min_new_tokens=min(item.req.min_new_tokens, item.req.params.max_new_tokens),
+                logprobs=item.req.logprobs,
+                cancel=item.cancel,
+                on_token=item.on_token,
+                # Answered as soon as its row is done, not when the batch's longest one is.
+                on_finish=functools.partial(self._finish, item),
             )
-        kwargs: dict[str, Any] = {
-            **policy.encoder.model_inputs(traj),
-            "max_new_tokens": max_new,
-            "min_new_tokens": min(req.min_new_tokens, max_new) or None,
-            "do_sample": not req.params.greedy,
-            "eos_token_id": policy.eos_ids,
-            "pad_token_id": policy.encoder.pad_token_id,
-            "suppress_tokens": policy.suppress_ids,
-            "output_logits": req.logprobs,
-            "return_dict_in_generate": True,
-            "stopping_criteria": StoppingCriteriaList([_Cancel(cancel)]),
-        }
-        if on_token is not None:
-            kwargs["streamer"] = _TokenSink(on_token)
-        if req.params.greedy:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(temperature=req.params.temperature, top_p=req.params.top_p, top_k=0)
+            for item in items
+        ]
         ctx: AbstractContextManager[Any] = nullcontext()
         if self._peft is not None:
             if adapter is None:
@@ -475,32 +509,54 @@ class ServingEngine:
             else:
                 self._peft.set_adapter(adapter)
         model: Any = self._peft if self._peft is not None else self._base_model
-        with ctx, torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(req.seed)
-            out = model.generate(**kwargs)
-        prompt_width = int(kwargs["input_ids"].shape[1])
-        seq = cast(list[int], cast(torch.Tensor, out.sequences)[0, prompt_width:].tolist())
-        ids: list[int] = []
-        eos = set(policy.eos_ids)
-        finish = "length"
-        for tok in seq:
-            if tok in eos:
-                finish = "stop"
+        try:
+            with ctx:
+                results = generate_rows(policy, model, rows)
+        except Exception as exc:  # the shared call failed: its unanswered requests get the error
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        self.metrics.batch_size.observe(len(items))
+        for item, res in zip(items, results, strict=True):
+            if res is not None:
+                self._finish(item, res)
+
+    def _finish(self, item: _Pending, res: RowResult) -> None:
+        text = self.decode(res.token_ids)
+        prompt_len = len(cast(Trajectory, item.traj))
+        item.future.set_result(
+            GenerationOutput(res.token_ids, text, res.logprobs, prompt_len, res.finish_reason)
+        )
+
+    def _run_batch(self) -> None:
+        """Worker thread: gather and encode a batch (see the module docstring), then generate."""
+        limit = self.config.batch_max_size
+        with self._queued:
+            if not self._queue:
+                return  # an earlier turn took this request
+            # As many requests as were admitted at once since the last turn: under a steady
+            # load those clients come back together; a lone client (peak 1) never waits.
+            target = min(limit, self._peak_inflight)
+        policy = self._policy
+        assert policy is not None
+        deadline = time.monotonic() + self.config.batch_wait_ms / 1000
+        taken = 0
+        ready: list[_Pending] = []
+        # Each request is encoded as soon as it is taken, so waiting for the rest is not idle.
+        while taken < limit:
+            items = self._take(limit - taken, deadline if taken < target else 0.0)
+            if items is None:
                 break
-            ids.append(int(tok))
-        if cancel.is_set():
-            finish = "cancelled"
-        lps: list[float] | None = None
-        if req.logprobs:
-            t = req.params.logprob_temperature
-            suppress = torch.tensor(policy.suppress_ids, dtype=torch.long)
-            lps = []
-            for step, tok in enumerate(ids):
-                x = cast(torch.Tensor, out.logits[step])[0].float() / t
-                x = x.index_fill(-1, suppress, float("-inf"))
-                lps.append(float(torch.log_softmax(x, -1)[tok]))
-        text = cast(str, policy.processor.tokenizer.decode(ids, skip_special_tokens=True))
-        return GenerationOutput(ids, text, lps, prompt_len, finish)
+            taken += len(items)
+            ready += [item for item in items if self._prepare(item, policy)]
+        with self._lock:
+            self._peak_inflight = self._inflight
+        groups: dict[str | None, list[_Pending]] = {}
+        for item in ready:
+            groups.setdefault(item.adapter, []).append(item)
+        for adapter, group in groups.items():
+            self._generate_batch(adapter, group, policy)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -521,9 +577,25 @@ class ServingEngine:
         on_token: Callable[[int], None] | None = None,
         on_prompt: Callable[[int], None] | None = None,
     ) -> Future[GenerationOutput]:
-        return self._worker.submit(
-            self._generate_sync, ticket.adapter, req, cancel, on_token, on_prompt
-        )
+        """Queue one generation; it joins the next batch on its adapter.
+
+        Args:
+            ticket: The admitted request (its adapter is pinned).
+            req: What to generate.
+            cancel: Set to stop the generation at its next token (or before it starts).
+            on_token: Called on the worker thread with each new token id (streaming).
+            on_prompt: Called on the worker thread with the prompt length once encoded.
+
+        Returns:
+            The output; or the error of this request alone (400 for a prompt that cannot be
+            encoded or does not fit the context).
+        """
+        fut: Future[GenerationOutput] = Future()
+        with self._queued:
+            self._queue.append(_Pending(ticket.adapter, req, cancel, on_token, on_prompt, fut))
+            self._queued.notify()
+        self._worker.submit(self._run_batch)
+        return fut
 
 
 class Ticket:

@@ -43,6 +43,12 @@ class ServingMetrics:
         self.generation_tokens = Counter(
             "maze_serving_generation_tokens", "Tokens generated.", ["model"], registry=r
         )
+        self.batch_size = Histogram(
+            "maze_serving_batch_size",
+            "Requests generated together in one batched generate call.",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.requests_running = Gauge(
             "maze_serving_num_requests_running",
             "Admitted generation requests (running + queued).",
