@@ -82,9 +82,17 @@ def test_low_score_exits_0_and_high_score_too(
     with Image.open(tmp_path / "r.png") as im:
         assert im.format == "PNG"
 
-    assert main(["--compare", str(good), str(bad)]) == 0
+    chart = tmp_path / "cmp.png"
+    assert main(["--compare", str(good), str(bad), "--out", str(chart)]) == 0
     out = capsys.readouterr().out
     assert "per-maze differences: 4 (solved only in good.jsonl: 4, only in bad.jsonl: 0)" in out
+    assert f"chart: {chart}" in out
+    with Image.open(chart) as im:
+        assert im.format == "PNG" and im.width > im.height  # three panels side by side
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["compare", str(good), str(empty)]) == 2
+    assert capsys.readouterr().err.strip() == f"maze-eval: error: {empty}: no records"
 
     assert main(["summary", str(bad), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["failures"]["out_of_budget"] == 4
@@ -192,3 +200,5 @@ def test_follow_evaluates_each_published_version(server: ScriptedServer, tmp_pat
         (2, 20, 1.0),
     ]
     assert read_records(tmp_path / "out" / "v000002.jsonl")[0].version == 2
+    with Image.open(tmp_path / "out" / "series.png") as im:
+        assert im.format == "PNG" and im.width > 400

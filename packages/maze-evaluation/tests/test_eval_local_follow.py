@@ -3,6 +3,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from maze_env import generate
 from maze_evaluation import BackendError, Summary, follow, read_series, summarize
@@ -95,6 +96,8 @@ def test_continuous_mode_evaluates_two_published_versions(tiny_model: Path, tmp_
     assert seen == [1, 2] and len(summaries) == 2
     series = read_series(out_dir)
     assert [e["version"] for e in series] == [1, 2] and [e["step"] for e in series] == [1, 2]
+    with Image.open(out_dir / "series.png") as im:  # redrawn after each version
+        assert im.format == "PNG" and im.width > 400
     for v in (1, 2):
         rec = json.loads((out_dir / f"v{v:06d}.jsonl").read_text().splitlines()[0])
         assert rec["version"] == v and rec["adapter"] == str(store.get(v).path)

@@ -14,12 +14,17 @@ from maze_evaluation import (
     Job,
     Played,
     ResultsFileError,
+    compare_figure,
     compare_lines,
     episode_differences,
     evaluate,
     read_records,
+    report_figure,
+    series_figure,
+    write_compare,
     write_gif,
     write_report,
+    write_series_chart,
 )
 from maze_evaluation.testing import ScriptedServer
 from maze_policy.sampling import SamplingParams
@@ -178,9 +183,25 @@ def test_compare_report_and_gif(server: ScriptedServer, tmp_path: Path) -> None:
     }
     mixed = good[: N // 2] + bad[N // 2 :]
     png = write_report(mixed, tmp_path / "report.png")
-    with Image.open(png) as im:
-        im.load()
-        assert im.format == "PNG" and im.width >= 420 and im.height > 300
+    _assert_png(png, width=(700, 1200), height=(500, 1400))
+    # Two chart panels, then one thumbnail per failed maze, captioned with seed and outcome.
+    fig = report_figure(mixed, columns=4)
+    thumbs = fig.axes[2:]
+    assert len(fig.axes) == 2 + N - N // 2
+    assert [ax.get_title().splitlines()[0] for ax in thumbs] == [
+        f"seed {r.seed}: out of budget" for r in bad[N // 2 :]
+    ]
+    assert fig.axes[0].get_xticklabels()[0].get_text() == str(mixed[0].optimal_moves)
+    assert len(report_figure(good).axes) == 2  # nothing failed: no grid
+    cmp_png = write_compare(good, mixed, tmp_path / "compare.png", ("oracle", "mixed"))
+    _assert_png(cmp_png, width=(1000, 1400), height=(300, 600))
+    fig = compare_figure(good, mixed, ("oracle", "mixed"))
+    assert len(fig.axes) == 3
+    # Per-episode changes: solved in both, only in A, only in B, in neither.
+    assert [t.get_text() for t in fig.axes[2].texts] == [str(N // 2), str(N - N // 2), "0", "0"]
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
     looped = evaluate(EndpointBackend(server.url, "oracle"), eval_set=SET, limit=1, progress=False)[
         0
     ]
@@ -188,6 +209,34 @@ def test_compare_report_and_gif(server: ScriptedServer, tmp_path: Path) -> None:
     with Image.open(gif) as im:
         assert im.format == "GIF" and getattr(im, "n_frames", 1) == len(looped.path)
         assert im.size == (7 * 16, 7 * 16)
+
+
+def _assert_png(path: Path, *, width: tuple[int, int], height: tuple[int, int]) -> None:
+    with Image.open(path) as im:
+        im.load()
+        assert im.format == "PNG"
+        assert width[0] <= im.width <= width[1] and height[0] <= im.height <= height[1]
+    assert path.stat().st_size < 150_000
+
+
+def test_series_chart_has_a_point_per_version(tmp_path: Path) -> None:
+    entries = [
+        {"version": v, "step": 10 * v, "eval_set": SET, "episodes": 64, "solve_rate": r,
+         "ci95": [max(0.0, r - 0.1), min(1.0, r + 0.1)], "pass_at": {"1": r}}
+        for v, r in ((1, 0.25), (2, 0.5), (3, 0.75))
+    ]  # fmt: skip
+    png = write_series_chart(entries, tmp_path / "series.png")
+    _assert_png(png, width=(600, 900), height=(300, 500))
+    fig = series_figure(entries)
+    assert len(fig.axes) == 1
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [
+        "v1\nstep 10", "v2\nstep 20", "v3\nstep 30",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no evaluated versions"):
+        series_figure([])
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def test_record_json_round_trips(server: ScriptedServer, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ EXAMPLES = """\
 examples:
   maze-eval --endpoint http://127.0.0.1:8000 --model base:v3 --out runs/v3.jsonl
   maze-eval --model-dir ckpt/base --adapter ckpt/adapter --eval-set small-64 --out runs/local.jsonl
-  maze-eval --compare runs/base.jsonl runs/v3.jsonl
+  maze-eval --compare runs/base.jsonl runs/v3.jsonl --out runs/base-vs-v3.png
   maze-eval report runs/v3.jsonl --out runs/v3.png
   maze-eval gif runs/v3.jsonl --seed 7 --out runs/seed7.gif
   maze-eval follow --sync-dir /shared/lora --out-dir runs/series --endpoint http://127.0.0.1:8000 --model 'base:v{version}'
@@ -55,11 +55,13 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
         type=float,
         help="sampling temperature (default: greedy for 1 sample, else 1.0)",
     )
-    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument(
+        "--max-new-tokens", type=int, default=256, help="reply length cap in tokens (default 256)"
+    )
     e.add_argument("--limit", type=int, help="only the first N mazes of the set")
     e.add_argument("--seed", type=int, default=0, help="base of the per-episode sampling seeds")
     e.add_argument("--cell-px", type=int, default=32, help="pixels per grid square (as trained)")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,35 +83,48 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     cmp_ = sub.add_parser("compare", help="two runs side by side, with per-maze differences")
-    cmp_.add_argument("a", type=Path)
-    cmp_.add_argument("b", type=Path)
+    cmp_.add_argument("a", type=Path, help="results JSONL of run A")
+    cmp_.add_argument("b", type=Path, help="results JSONL of run B")
+    cmp_.add_argument(
+        "--out", type=Path, metavar="PNG", help="also write the side-by-side chart here"
+    )
 
     summ = sub.add_parser("summary", help="summarize a results file")
-    summ.add_argument("results", type=Path)
-    summ.add_argument("--json", action="store_true")
+    summ.add_argument("results", type=Path, help="results JSONL")
+    summ.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    rep = sub.add_parser("report", help="PNG: solve rate by optimal length, failed mazes")
-    rep.add_argument("results", type=Path)
-    rep.add_argument("--out", type=Path, required=True)
-    rep.add_argument("--max-failed", type=int, default=16)
+    rep = sub.add_parser("report", help="PNG: solve rate by optimal length, outcomes, failed mazes")
+    rep.add_argument("results", type=Path, help="results JSONL")
+    rep.add_argument("--out", type=Path, required=True, metavar="PNG", help="where the PNG goes")
+    rep.add_argument(
+        "--max-failed", type=int, default=16, help="failed mazes shown at most (default 16)"
+    )
 
     gif = sub.add_parser("gif", help="animated GIF of one episode")
-    gif.add_argument("results", type=Path)
+    gif.add_argument("results", type=Path, help="results JSONL")
     gif.add_argument("--seed", type=int, required=True, help="maze seed")
-    gif.add_argument("--sample", type=int, default=0)
-    gif.add_argument("--out", type=Path, required=True)
-    gif.add_argument("--cell-px", type=int, default=32)
+    gif.add_argument("--sample", type=int, default=0, help="which sample of that maze (default 0)")
+    gif.add_argument("--out", type=Path, required=True, metavar="GIF", help="where the GIF goes")
+    gif.add_argument("--cell-px", type=int, default=32, help="pixels per grid square (default 32)")
 
     fol = sub.add_parser(
         "follow", help="evaluate each adapter version a weight-sync store publishes"
     )
     fol.add_argument("--sync-dir", type=Path, required=True, help="weight-sync store root")
     fol.add_argument(
-        "--out-dir", type=Path, required=True, help="per-version results + series.jsonl"
+        "--out-dir",
+        type=Path,
+        required=True,
+        help="per-version results, series.jsonl and its chart series.png",
     )
     fol.add_argument("--idle-timeout", type=float, help="stop after this many idle seconds")
     fol.add_argument("--max-versions", type=int, help="stop after this many versions")
-    fol.add_argument("--poll-interval", type=float, default=0.5)
+    fol.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        help="seconds between looks at the store (default 0.5)",
+    )
     _backend_args(fol, follow=True)
     return parser
 
@@ -189,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace) -> int:
     from maze_env import get_eval_set
-    from maze_evaluation import Summary, follow
+    from maze_evaluation import SERIES_CHART, Summary, follow
     from maze_evaluation.local import LocalBackend
     from weight_sync import PublishedVersion
 
@@ -224,22 +239,35 @@ def _follow(args: argparse.Namespace) -> int:
         on_summary=show,
         **kwargs,
     )
+    chart = args.out_dir / SERIES_CHART
+    if chart.is_file():
+        print(f"chart: {chart}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from maze_evaluation import compare_lines, read_records, write_compare
+
+    a, b = read_records(args.a), read_records(args.b)
+    for path, recs in ((args.a, a), (args.b, b)):
+        if not recs:
+            raise UsageError(f"{path}: no records")
+    names = (args.a.name, args.b.name)
+    print("\n".join(compare_lines(a, b, names)))
+    if args.out is not None:
+        print(f"chart: {write_compare(a, b, args.out, names)}")
     return 0
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from maze_evaluation import compare_lines, read_records, summarize, write_gif, write_report
+    from maze_evaluation import read_records, summarize, write_gif, write_report
 
     if args.command == "run":
         return _run(args)
     if args.command == "follow":
         return _follow(args)
     if args.command == "compare":
-        lines = compare_lines(
-            read_records(args.a), read_records(args.b), (args.a.name, args.b.name)
-        )
-        print("\n".join(lines))
-        return 0
+        return _compare(args)
     records = read_records(args.results)
     if not records:
         raise UsageError(f"{args.results}: no records")

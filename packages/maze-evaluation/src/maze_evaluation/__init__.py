@@ -20,7 +20,16 @@ from maze_evaluation.records import (
     make_record,
     replay_path,
 )
-from maze_evaluation.report import write_gif, write_report
+from maze_evaluation.report import (
+    SERIES_CHART,
+    compare_figure,
+    report_figure,
+    series_figure,
+    write_compare,
+    write_gif,
+    write_report,
+    write_series_chart,
+)
 from maze_evaluation.results import ResultsWriter, read_records
 from maze_evaluation.runner import (
     DEFAULT_CELL_PX,
@@ -50,6 +59,7 @@ __all__ = [
     "FAILURE_KINDS",
     "OUTCOME_FIELDS",
     "SERIES",
+    "SERIES_CHART",
     "Backend",
     "BackendError",
     "EndpointBackend",
@@ -65,6 +75,7 @@ __all__ = [
     "Summary",
     "__version__",
     "chat_url",
+    "compare_figure",
     "compare_lines",
     "count_loops",
     "episode_differences",
@@ -77,9 +88,13 @@ __all__ = [
     "read_records",
     "read_series",
     "replay_path",
+    "report_figure",
     "sampling_params",
+    "series_figure",
     "summarize",
     "wilson_interval",
+    "write_compare",
     "write_gif",
     "write_report",
+    "write_series_chart",
 ]

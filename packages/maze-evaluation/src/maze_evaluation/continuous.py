@@ -1,12 +1,14 @@
 """Continuous mode: evaluate every adapter version a weight-sync store publishes.
 
 Each version gets its own results file (``v000007.jsonl``, resumable) and one line in
-``series.jsonl`` with its summary; a restart skips versions already in the series.
+``series.jsonl`` with its summary; ``series.png`` charts the solve rate per version and is
+redrawn after each one. A restart skips versions already in the series.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -16,11 +18,13 @@ from typing import Any
 
 from maze_evaluation.episodes import Backend
 from maze_evaluation.errors import ResultsFileError
+from maze_evaluation.report import SERIES_CHART, write_series_chart
 from maze_evaluation.runner import evaluate
 from maze_evaluation.stats import Summary, summarize
 from weight_sync import AdapterStore, PublishedVersion, Subscriber
 
 SERIES = "series.jsonl"
+log = logging.getLogger(__name__)
 
 
 def read_series(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -88,6 +92,10 @@ def follow(
             )
             s = summarize(records)
             _append_series(out, pv, s)
+            try:
+                write_series_chart(read_series(out), out / SERIES_CHART)
+            except (OSError, ValueError) as exc:  # a chart is never worth stopping the follower
+                log.warning("could not draw %s: %s", out / SERIES_CHART, exc)
             summaries.append(s)
             if on_summary is not None:
                 on_summary(pv.version, s)
