@@ -13,10 +13,15 @@ _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def run(
-    *args: str, timeout: int = 900, cwd: Path | None = None
+    *args: str, timeout: int = 900, cwd: Path | None = None, config: str | None = "tiny_local"
 ) -> subprocess.CompletedProcess[str]:
+    """``maze-train ARGS``, with ``--config`` for local-engine runs and warm starts."""
+    argv = list(args)
+    if config is not None and "--config" not in argv and "skyrl" not in argv:
+        at = 1 if argv[:1] == ["warm-start"] else 0
+        argv[at:at] = ["--config", config]
     return subprocess.run(
-        [sys.executable, "-m", "maze_trainer.cli", *args],
+        [sys.executable, "-m", "maze_trainer.cli", *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -225,7 +230,7 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     )
     assert m, proc.stdout
     report = json.loads((tmp_path / "base_model" / "sft_report.json").read_text())
-    assert float(m[1]) == pytest.approx(100 * report["random_init_solve_rate"], abs=0.005)
+    assert float(m[1]) == pytest.approx(100 * report["base_solve_rate"], abs=0.005)
     evals = [
         json.loads(line)["eval/all/pass_at_1"]
         for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -238,6 +243,10 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     ).exists()
     assert (tmp_path / "ckpt" / "latest_ckpt_global_step.txt").read_text().strip() == "1"
     assert (tmp_path / "metrics.jsonl").read_text().count("reward/avg_raw_reward") == 1
+    from PIL import Image
+
+    with Image.open(tmp_path / "curves.png") as im:  # drawn at the end of the run
+        assert im.format == "PNG" and im.width > 800
 
 
 def test_ray_rollout_workers_from_a_relative_run_dir(tmp_path: Path) -> None:
@@ -280,3 +289,162 @@ def test_ray_rollout_workers_from_a_relative_run_dir(tmp_path: Path) -> None:
     assert [r["adapter/version"] for r in steps] == [2.0, 3.0]
     assert all(r["rollout/avg_turns"] >= 1 for r in steps)
     assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_submit_to_an_unreachable_address_is_one_line_and_exit_4() -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    proc = run("--engine", "skyrl", "--submit", address, timeout=300)
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(
+        f"maze-train: cannot reach the Ray job server at http://{address}: connection refused; "
+        "check that the Ray head is running"
+    )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sagemaker_ray") is not None,
+    reason="toolkit-for-ray-on-sagemaker-ai is installed",
+)
+def test_submit_to_hyperpod_without_its_package_is_one_line_and_exit_5() -> None:
+    proc = run("--engine", "skyrl", "--submit", "sagemaker_ray://maze-cluster/default")
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.strip() == (
+        "maze-train: sagemaker_ray:// addresses need the toolkit-for-ray-on-sagemaker-ai "
+        "package, which is not installed here (pip install toolkit-for-ray-on-sagemaker-ai)"
+    )
+
+
+def test_plot_redraws_the_curves_from_metrics_jsonl(tmp_path: Path) -> None:
+    from PIL import Image
+
+    rows = [{"global_step": 0, "eval/all/pass_at_1": 0.5}]
+    rows += [
+        {"global_step": s, "reward/avg_raw_reward": 0.5, "reward/avg_pass_at_8": 1.0,
+         "policy/policy_entropy": 0.05, "timing/generate": 2.0, "timing/policy_train": 3.0,
+         "timing/sync_weights": 0.1, "timing/step": 5.2}
+        for s in (1, 2, 3)
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run("plot", str(tmp_path), config=None, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tmp_path / "curves.png")
+    with Image.open(tmp_path / "curves.png") as im:
+        assert im.format == "PNG" and im.width > 800 and im.height > 500
+    out = tmp_path / "elsewhere" / "c.png"
+    assert run("plot", str(tmp_path), "--out", str(out), config=None).returncode == 0
+    assert out.is_file()
+    missing = run("plot", str(tmp_path / "nope"), config=None)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"maze-train: {tmp_path / 'nope' / 'metrics.jsonl'}: cannot read the metrics file: "
+        "No such file or directory"
+    )
+
+
+class StandInJobServer:
+    """Ray's job REST API on 127.0.0.1, as much of it as Ray's job client uses to submit a job,
+    follow its logs and read its outcome; the job 'runs' by printing two lines and ending as
+    ``status`` says."""
+
+    def __init__(self, status: str, message: str, exit_code: int | None) -> None:
+        import asyncio
+        import threading
+
+        import ray
+        from aiohttp import web
+
+        self.submitted: list[dict[str, object]] = []
+        self.status, self.message, self.exit_code = status, message, exit_code
+        app = web.Application()
+
+        async def version(_: web.Request) -> web.Response:
+            return web.json_response({"version": "stand-in", "ray_version": ray.__version__})
+
+        async def submit(request: web.Request) -> web.Response:
+            self.submitted.append(await request.json())
+            return web.json_response({"job_id": "raysubmit_1", "submission_id": "raysubmit_1"})
+
+        async def info(_: web.Request) -> web.Response:
+            job = self.submitted[-1]
+            return web.json_response({
+                "type": "SUBMISSION", "submission_id": "raysubmit_1", "status": self.status,
+                "entrypoint": job["entrypoint"], "message": self.message,
+                "driver_exit_code": self.exit_code,
+            })  # fmt: skip
+
+        async def tail(request: web.Request) -> web.WebSocketResponse:
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+            await ws.send_str("job says hello\n")
+            await ws.send_str("job says bye\n")
+            await ws.close()
+            return ws
+
+        app.add_routes([
+            web.get("/api/version", version), web.post("/api/jobs/", submit),
+            web.get("/api/jobs/{id}", info), web.get("/api/jobs/{id}/logs/tail", tail),
+        ])  # fmt: skip
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType, reportUnknownVariableType]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def test_submit_streams_the_job_logs_and_exits_with_its_outcome(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_trainer import cli
+
+    monkeypatch.setattr(cli, "_quiet_skyrl_logs", lambda: None)  # SkyRL's loguru, this process
+    server = StandInJobServer("SUCCEEDED", "Job entrypoint command failed with exit code 2", 2)
+    address = f"127.0.0.1:{server.port}"
+    argv = ["--engine", "skyrl", "--submit", address, "mazes.train_size=64"]
+    try:
+        assert cli.main([*argv, "--dry-run"]) == 0
+        dry = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+        outcomes: dict[str, tuple[int, str, str]] = {}
+        for status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            server.status = status
+            code = cli.main(argv)
+            out, err = capsys.readouterr()
+            outcomes[status] = (code, out, err)
+    finally:
+        server.close()
+    # What reached the server is the job --dry-run prints as `ray job submit`.
+    assert len(server.submitted) == 3
+    for job in server.submitted:
+        assert job["entrypoint"] == shlex.join(dry[dry.index("--") + 1 :])
+        assert job["runtime_env"] == json.loads(dry[dry.index("--runtime-env-json") + 1])
+    for status, (code, out, err) in outcomes.items():
+        assert out.startswith(f"maze-train: submitted Ray job raysubmit_1 to http://{address};")
+        assert "job says hello\njob says bye\n" in out
+        if status == "SUCCEEDED":
+            assert code == 0 and not err
+            assert out.strip().endswith("maze-train: Ray job raysubmit_1 succeeded")
+        else:
+            assert code == 1
+            assert err.strip() == (
+                f"maze-train: Ray job raysubmit_1 {status.lower()} (exit code 2): Job entrypoint "
+                "command failed with exit code 2"
+            )

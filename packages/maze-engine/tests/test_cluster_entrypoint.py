@@ -1,18 +1,26 @@
-"""The SkyRL cluster path's entry (``maze_engine.cluster``) and the `ray job submit` command that
-runs ``maze-train`` on HyperPod."""
+"""The SkyRL cluster path's entry (``maze_engine.cluster``), the Ray job that runs ``maze-train``
+on HyperPod, and what submitting it says when the job server cannot be reached."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from maze_engine.cluster import require_gpu_stack, run_training
 from maze_engine.config import REFERENCE_CONFIG, TINY_LOCAL_CONFIG, load_config
-from maze_engine.errors import ConfigError, GpuImageRequiredError
-from maze_engine.submit import build_submit_command
+from maze_engine.errors import (
+    ConfigError,
+    GpuImageRequiredError,
+    JobClientMissingError,
+    JobServerError,
+)
+from maze_engine.submit import build_job, build_submit_command, connect, require_job_client
 
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -90,9 +98,56 @@ def test_submit_command_for_the_local_engine(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_submit_command_accepts_ray_dashboard_addresses(tmp_path: Path) -> None:
     cfg = tmp_path / "mine.yaml"  # absolute, not present: validated on the cluster
-    for address in ("http://127.0.0.1:8265", "https://ray.example.com", "10.0.0.5:8265"):
+    for address in ("http://127.0.0.1:8265", "https://ray.example.com"):
         argv = build_submit_command(str(cfg) + ".missing", [], address)
         assert _submit_params(argv)["address"] == address
+    # Ray's own client reads a bare host:port as a GCS address; here it is the job server's.
+    job = build_job(str(cfg) + ".missing", [], "10.0.0.5:8265")
+    assert job.address == "http://10.0.0.5:8265"
+    assert _submit_params(job.command())["address"] == "http://10.0.0.5:8265"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connect_to_a_closed_port_is_one_error_naming_the_address() -> None:
+    address = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(JobServerError) as e:
+        connect(address, timeout=5)
+    message = str(e.value)
+    assert message.startswith(f"cannot reach the Ray job server at {address}: connection refused")
+    assert "dashboard port" in message and "\n" not in message
+
+
+def test_connect_to_a_server_that_is_not_ray_is_one_error() -> None:
+    # Something answers, but not Ray's job API: the version check fails, reported the same way.
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(JobServerError, match=f"no Ray job server answers at {address}: 501"):
+            connect(address, timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sagemaker_ray") is not None,
+    reason="toolkit-for-ray-on-sagemaker-ai is installed",
+)
+def test_sagemaker_addresses_name_the_package_they_need() -> None:
+    with pytest.raises(JobClientMissingError, match="toolkit-for-ray-on-sagemaker-ai"):
+        require_job_client("sagemaker_ray://maze-raycluster/mazerl")
+    require_job_client("http://127.0.0.1:8265")  # plain dashboards need nothing more
 
 
 @pytest.mark.parametrize(

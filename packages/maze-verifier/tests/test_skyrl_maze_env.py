@@ -140,6 +140,29 @@ def test_observation_images_follow_the_agent() -> None:
     assert "Turns left: " in _text(first)
 
 
+def test_inline_images_carry_the_same_pixels_as_data_uris() -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    maze = generate("easy", 12)
+    words = [d.word for d in maze.optimal_actions[:2]]
+    uri_env, prompt = _make(maze, {"cell_px": 8})
+    inline_env, _ = _make(maze, {"cell_px": 8, "inline_images": True})
+    for env in (uri_env, inline_env):
+        env.init(prompt)
+    for word in words:
+        a = uri_env.step(f"<action>{word}</action>")["observations"][0]
+        b = inline_env.step(f"<action>{word}</action>")["observations"][0]
+        assert _text(a) == _text(b)
+        parts = cast(list[dict[str, Any]], b["content"])
+        (part,) = [p for p in parts if p["type"] == "image"]
+        assert isinstance(part["image"], Image.Image) and "image_url" not in part
+        decoded = np.asarray(Image.open(io.BytesIO(_image_bytes(a))).convert("RGB"))
+        assert np.array_equal(np.asarray(part["image"]), decoded)
+
+
 def test_wall_bump_is_a_no_op_with_feedback() -> None:
     maze = generate("easy", 21)
     env, prompt = _make(maze)

@@ -3,8 +3,9 @@
 Modules: ``config`` (one typed config for both engines), ``data`` (the dataset exporter and
 prompt batches), ``sft`` (oracle warm start), ``grpo`` (SkyRL's losses), ``checkpoint``
 (SkyRL layout, exact resume), ``trainer`` (the local loop, Ray workers), ``cluster`` (SkyRL's
-own trainer on a GPU Ray cluster) and ``submit`` (Ray job submission). The policy itself
-(model loading, chat encoding, sampling, rollouts) is the ``maze-policy`` package.
+own trainer on a GPU Ray cluster), ``submit`` (Ray job submission) and ``plots`` (training
+curves). The policy itself (model loading, chat encoding, sampling, rollouts) is the
+``maze-policy`` package.
 
 Only torch-free names are exported here; import the rest by module path.
 """
@@ -15,7 +16,10 @@ from maze_engine.errors import (
     ConfigError,
     DatasetError,
     GpuImageRequiredError,
+    JobClientMissingError,
+    JobServerError,
     MazeEngineError,
+    MetricsFileError,
 )
 
 __version__ = "0.1.0"
@@ -26,6 +30,9 @@ __all__ = [
     "ConfigError",
     "DatasetError",
     "GpuImageRequiredError",
+    "JobClientMissingError",
+    "JobServerError",
     "MazeEngineError",
+    "MetricsFileError",
     "__version__",
 ]

@@ -120,6 +120,51 @@ class WarmStartConfig:
 
 
 @dataclass(frozen=True)
+class PerceptionConfig:
+    """``local.perception``: the transcription stage that teaches a tiny model to read mazes.
+
+    Used by ``maze-train pretrain``, which makes the shipped base artifact; its fields are
+    recorded in the artifact's recipe.
+    """
+
+    steps: int = 4000
+    batch_size: int = 16
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    specs: list[str] = field(default_factory=lambda: ["5x5", "7x7", "7x7", "9x9"])
+    """Maze specs, drawn uniformly per example (repeat one to weight it)."""
+    random_agent: float = 0.5
+    """Share of examples whose agent stands on a random open square instead of the start."""
+    cell_px: int = 32
+    seed: int = 0
+    freeze_patch_embed: bool = True
+    eval_every: int = 200
+    """Reading checks (teacher-forced, held-out mazes) every this many steps and at the end; 0 = never."""
+    eval_mazes: int = 16
+    max_seconds: float | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad ``local.perception.*`` key."""
+        from maze_env import MazeSpec, MazeSpecError
+
+        where = f"{LOCAL_KEY}.perception"
+        _at_least(self, where, steps=1, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
+        _at_least(self, where, cell_px=4)
+        if self.lr <= 0:
+            raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
+        if not 0 <= self.random_agent <= 1:
+            raise ConfigError("must be within 0..1", key=f"{where}.random_agent")
+        if not self.specs:
+            raise ConfigError("must name at least one maze spec", key=f"{where}.specs")
+        for spec in self.specs:
+            try:
+                MazeSpec.parse(spec)
+            except MazeSpecError as exc:
+                raise ConfigError(str(exc), key=f"{where}.specs") from exc
+
+
+@dataclass(frozen=True)
 class LocalConfig:
     """The ``local:`` section: settings of the local CPU engine only."""
 
@@ -128,6 +173,10 @@ class LocalConfig:
     torch_threads: int = 1
     """Threads per process (learner and each worker). Fixed so runs repeat bit for bit."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    perception: PerceptionConfig = field(default_factory=PerceptionConfig)
+    tiny_base: str = "random"
+    """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
+    (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
     tiny_model: dict[str, Any] = field(default_factory=dict[str, Any])
     """Overrides of ``maze_policy.model.TinyVLMConfig`` for the model built here."""
     prometheus_port: int | None = None
@@ -146,6 +195,7 @@ class LocalConfig:
                 key=f"{LOCAL_KEY}.prometheus_port",
             )
         self.warm_start.validate()
+        self.perception.validate()
         if self.ckpt_s3_uri is not None:
             from maze_engine.s3_mirror import parse_s3_uri
 

@@ -242,3 +242,36 @@ def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDat
     write_rows(val_rows, validation)
     atomic_write_json(manifest, settings)
     return MazeDatasets(train, validation, manifest, slack, reused=False)
+
+
+def overlapping_layouts(
+    train: Sequence[dict[str, Any]], validation: Sequence[dict[str, Any]]
+) -> int:
+    """How many training rows repeat a validation maze (same walls, start and goal)."""
+    from maze_env import generate
+
+    def layout(row: dict[str, Any]) -> str:
+        return generate(str(row["preset"]), int(row["seed"])).content_hash()
+
+    held_out = {layout(r) for r in validation}
+    return sum(layout(r) in held_out for r in train)
+
+
+def check_held_out(
+    config: MazerlConfig, train: Sequence[dict[str, Any]], validation: Sequence[dict[str, Any]]
+) -> None:
+    """Fail the run when training rows share a layout with the eval set, unless allowed.
+
+    Raises:
+        ConfigError: on ``mazes.allow_eval_overlap`` when a training row repeats an eval maze.
+    """
+    if config.mazes.allow_eval_overlap:
+        return
+    shared = overlapping_layouts(train, validation)
+    if shared:
+        raise ConfigError(
+            f"{shared} training rows repeat a layout of the eval set {config.mazes.eval_set}: "
+            "the eval would measure memorised mazes; use other training files or set "
+            "mazes.allow_eval_overlap=true",
+            key="mazes.allow_eval_overlap",
+        )

@@ -55,3 +55,15 @@ class AdapterLoadError(MazeEngineError, ValueError):
 
 class GpuImageRequiredError(MazeEngineError, RuntimeError):
     """SkyRL training was started where ``skyrl[fsdp]`` (vLLM, flash-attn) is not installed."""
+
+
+class MetricsFileError(MazeEngineError, ValueError):
+    """A run's ``metrics.jsonl`` that is missing, unreadable or empty (nothing to draw)."""
+
+
+class JobServerError(MazeEngineError, ConnectionError):
+    """``--submit``: the Ray job server at the address cannot be reached or talked to."""
+
+
+class JobClientMissingError(MazeEngineError, ImportError):
+    """``--submit``: the address's scheme needs a package that is not installed here."""

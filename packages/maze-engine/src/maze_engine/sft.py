@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -137,8 +137,10 @@ class SFTReport:
     evals: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
     seconds: float = 0.0
     steps_done: int = 0
-    random_init_solve_rate: float | None = None
+    base_solve_rate: float | None = None
     """Greedy solve rate of the model before the warm start, when the caller measured it."""
+    base_label: str | None = None
+    """What that model was (``random init``, an artifact's name)."""
 
 
 def sft_loss(policy: Policy, trajectories: Sequence[Trajectory]) -> torch.Tensor:
@@ -147,6 +149,23 @@ def sft_loss(policy: Policy, trajectories: Sequence[Trajectory]) -> torch.Tensor
     lp = sequence_logprobs(policy.model, batch, suppress_ids=policy.suppress_ids)
     mask = batch.loss_mask
     return -(lp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def supervised_step(
+    policy: Policy,
+    trajectories: Sequence[Trajectory],
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    params: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """One optimizer step on :func:`sft_loss` (gradients clipped to norm 1); returns the loss."""
+    loss = sft_loss(policy, trajectories)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # pyright: ignore[reportUnknownMemberType]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()  # pyright: ignore[reportUnknownMemberType]
+    sched.step()
+    return loss
 
 
 def action_accuracy(policy: Policy, trajectories: Sequence[Trajectory]) -> float:
@@ -187,12 +206,14 @@ def run_sft(
     spec: str,
     seed: int,
     cell_px: int,
+    avoid: Collection[str] = (),
     out_dir: str | Path | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
 ) -> SFTReport:
     """Train ``policy.model`` in place on oracle episodes of ``spec`` mazes.
 
     Stops after ``config.steps`` steps, or ``config.max_seconds`` of training time when set.
+    Mazes whose ``content_hash`` is in ``avoid`` (a held-out eval set's) are skipped.
     Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
     eval sets' small seeds; ``out_dir`` saves the merged model there.
     """
@@ -215,18 +236,15 @@ def run_sft(
         if config.max_seconds is not None and train_time >= config.max_seconds:
             break
         ts = time.perf_counter()
-        trajs = [
-            oracle_episode(policy, generate(spec, next_seed + i), cell_px=cell_px)
-            for i in range(config.batch_size)
-        ]
-        next_seed += config.batch_size
+        mazes: list[Any] = []
+        while len(mazes) < config.batch_size:
+            maze = generate(spec, next_seed)
+            next_seed += 1
+            if maze.content_hash() not in avoid:
+                mazes.append(maze)
+        trajs = [oracle_episode(policy, maze, cell_px=cell_px) for maze in mazes]
         model.train()
-        loss = sft_loss(policy, trajs)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # pyright: ignore[reportUnknownMemberType]
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()  # pyright: ignore[reportUnknownMemberType]
-        sched.step()
+        loss = supervised_step(policy, trajs, opt, sched, params)
         train_time += time.perf_counter() - ts
         report.losses.append(float(loss.detach()))
         report.steps_done = step + 1

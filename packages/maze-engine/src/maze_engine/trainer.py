@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,8 @@ from maze_engine.checkpoint import (
     write_train_state,
 )
 from maze_engine.config import TINY_MODEL, LocalConfig, MazerlConfig
-from maze_engine.data import PromptLoader, export_datasets, read_rows
+from maze_engine.data import PromptLoader, check_held_out, export_datasets, read_rows
+from maze_engine.decisions import EVALS_DIR, write_eval_records
 from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink
@@ -71,8 +73,10 @@ class TrainResult:
     eval_after: float | None
     final_adapter: Path
     history: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
-    random_init: float | None = None
-    """Solve rate of the randomly initialised model, when the base model was built here."""
+    base_solve_rate: float | None = None
+    """Solve rate of the tiny model's base (random init or pretrained), when built here."""
+    base_label: str | None = None
+    """What that base was: ``random init``, a shipped artifact's name or a directory."""
     warm_start_steps: int | None = None
     """Oracle (SFT) steps of the warm start, when the base model was built here."""
 
@@ -86,6 +90,34 @@ def _adapter_config(lora_cfg: LoraConfig, base: str) -> dict[str, Any]:
     return cfg
 
 
+def init_ray() -> None:
+    """Start local Ray, or join the cluster ``RAY_ADDRESS`` names; a no-op if Ray is up.
+
+    Workers run the environment as installed and nothing is shipped: a local Ray starts its
+    workers with the interpreter that started it (this one), a cluster with its image's Python
+    (which holds the code). No ``py_executable`` is set: a job-wide one would keep Ray from
+    handing the actors the workers it prestarts (measured: the actors' start took 3.6x longer).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Under `uv run`, Ray's uv integration would replace the runtime_env with one that ships
+    # the project as a working_dir package and starts every worker with `uv run` in that copy
+    # (an environment build per session; under `uv run --no-sync` the workers cannot even
+    # import ray). The flag is read at call time; the variable carries it to child drivers.
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    from ray._private import ray_constants  # pyright: ignore[reportMissingTypeStubs]
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    ray.init(
+        num_cpus=None,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+
+
 class Rollouts:
     """Shards episodes over workers (Ray actors, or one in-process worker per shard)."""
 
@@ -94,22 +126,13 @@ class Rollouts:
     ) -> None:
         self.shards = max(1, local.rollout_workers)
         self.ray = local.rollout_workers > 0
-        # Absolute paths: Ray workers may run in another directory (under `uv run`, Ray ships
-        # the project as a working_dir package and starts workers inside it).
+        # Absolute paths: Ray workers (on a cluster, say) need not share this working directory.
         model = str(model_dir.resolve()) if model_dir.exists() else str(model_dir)
         args = (model, lora_cfg, local.torch_threads, str(sync_root.resolve()))
         if self.ray:
             import ray
 
-            if not ray.is_initialized():
-                # RAY_ADDRESS (an existing cluster) is honoured by ray.init itself.
-                # WARNING: under `uv run` Ray logs one INFO line per ignored file it packages.
-                ray.init(
-                    num_cpus=None,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                )
+            init_ray()
             actor = ray.remote(num_cpus=1)(RolloutWorker)
             self.workers: list[Any] = [actor.remote(*args) for _ in range(self.shards)]
         else:
@@ -133,8 +156,13 @@ class Rollouts:
         seed: int,
         *,
         max_turns: int | None = None,
+        outcomes_only: bool = False,
     ) -> list[Episode]:
-        """Play one episode per row on the workers; results come back in input order."""
+        """Play one episode per row on the workers; results come back in input order.
+
+        ``outcomes_only`` returns episodes without their trajectories (see
+        :meth:`RolloutWorker.rollout`), for callers that read rewards and replies only.
+        """
         # Whole groups stay on one shard; the shard split depends only on the config.
         n = len(rows)
         bounds = [round(i * n / self.shards) for i in range(self.shards + 1)]
@@ -149,10 +177,16 @@ class Rollouts:
             import ray
 
             futures = [
-                self.workers[k].rollout.remote(*c, max_turns=max_turns) for k, c in enumerate(calls)
+                self.workers[k].rollout.remote(*c, max_turns=max_turns, outcomes_only=outcomes_only)
+                for k, c in enumerate(calls)
             ]
             return [ep for chunk in ray.get(futures) for ep in chunk]
-        return [ep for c in calls for ep in self.workers[0].rollout(*c, max_turns=max_turns)]
+        worker = self.workers[0]
+        return [
+            ep
+            for c in calls
+            for ep in worker.rollout(*c, max_turns=max_turns, outcomes_only=outcomes_only)
+        ]
 
     def close(self) -> None:
         """Stop the Ray actors (no-op in-process)."""
@@ -172,10 +206,12 @@ class Datasets:
 
 
 def prepare_data(config: MazerlConfig) -> Datasets:
-    """Phase 1: export (or reuse) the datasets and read their rows."""
+    """Phase 1: export (or reuse) the datasets, read their rows, check the eval is held out."""
     export_datasets(config)
     data = config.skyrl.data
-    return Datasets(read_rows(data.train_data), read_rows(data.val_data))
+    out = Datasets(read_rows(data.train_data), read_rows(data.val_data))
+    check_held_out(config, out.train, out.validation)
+    return out
 
 
 def _eval_sampling(config: MazerlConfig) -> SamplingParams:
@@ -184,35 +220,68 @@ def _eval_sampling(config: MazerlConfig) -> SamplingParams:
     )
 
 
+def tiny_base_dir(config: MazerlConfig, staging: Path) -> tuple[Path, str]:
+    """Where phase 2's tiny model comes from, and what to call it in the report.
+
+    ``local.tiny_base`` is ``random`` (built here from ``local.tiny_model`` and the seed), a
+    shipped artifact (e.g. the perception-pretrained ``tiny-qwen3vl-perception``, verified
+    against its manifest) or a model directory.
+    """
+    base = config.local.tiny_base
+    if base == "random":
+        from maze_policy.model import TinyVLMConfig, build_tiny_vlm
+
+        seed = int(config.skyrl.trainer.seed)
+        build_tiny_vlm(
+            staging / "random", seed=seed, config=TinyVLMConfig(**config.local.tiny_model)
+        )
+        return staging / "random", "random init"
+    if Path(base).is_dir():
+        return Path(base), base
+    from maze_engine.artifacts import artifact_path
+
+    return artifact_path(base), base
+
+
 def build_base_model(
     config: MazerlConfig, staging: Path, data: Datasets, say: Callable[[str], None]
-) -> tuple[Policy, float | None]:
-    """Phase 2 for the tiny model: build it from a config, optionally scoring the random init.
+) -> tuple[Policy, float | None, str]:
+    """Phase 2 for the tiny model: load its base (``local.tiny_base``), optionally scored.
 
-    With ``eval_before_train`` the random init is scored on the validation rows (the main job's
-    first figure); otherwise the score is None.
+    With ``eval_before_train`` the base is scored on the validation rows (the main job's first
+    figure); otherwise the score is None. Returns the policy, the score and the base's name.
     """
-    from maze_policy.model import TinyVLMConfig, build_tiny_vlm, load_vlm
+    from maze_policy.model import load_vlm
 
-    seed = int(config.skyrl.trainer.seed)
-    build_tiny_vlm(staging / "random", seed=seed, config=TinyVLMConfig(**config.local.tiny_model))
-    model, processor = load_vlm(staging / "random")
+    src, label = tiny_base_dir(config, staging)
+    model, processor = load_vlm(src)
     policy = Policy(model, processor)
     if not config.skyrl.trainer.eval_before_train:
-        return policy, None
+        return policy, None, label
     eps = run_episodes(
         policy,
         data.validation,
         sampling=_eval_sampling(config),
-        seed=derive_seed(seed, "eval"),
+        seed=derive_seed(int(config.skyrl.trainer.seed), "eval"),
         max_turns=config.max_turns,
     )
-    random_init = sum(e.solved for e in eps) / len(eps)
-    say(f"randomly initialised model: solve rate {random_init:.2%} on {len(eps)} eval mazes")
-    return policy, random_init
+    rate = sum(e.solved for e in eps) / len(eps)
+    say(f"base model ({label}): solve rate {rate:.2%} on {len(eps)} eval mazes")
+    return policy, rate, label
 
 
-def warm_start(config: MazerlConfig, policy: Policy, random_init: float | None, out: Path) -> Path:
+def held_out_hashes(config: MazerlConfig) -> frozenset[str]:
+    """Layouts no training stage may show: the eval set's, unless overlap is allowed."""
+    if config.mazes.allow_eval_overlap:
+        return frozenset()
+    from maze_env import get_eval_set
+
+    return frozenset(m.content_hash() for m in get_eval_set(config.mazes.eval_set).mazes)
+
+
+def warm_start(
+    config: MazerlConfig, policy: Policy, base: tuple[float | None, str], out: Path
+) -> Path:
     """Phase 3: oracle SFT of the tiny model (``local.warm_start``), saved merged at ``out``."""
     from maze_engine.sft import SFTReport, run_sft, save_merged
 
@@ -236,6 +305,7 @@ def warm_start(config: MazerlConfig, policy: Policy, random_init: float | None, 
                 spec=config.mazes.train_preset,
                 seed=int(config.skyrl.trainer.seed),
                 cell_px=config.mazes.cell_px,
+                avoid=held_out_hashes(config),
                 log=on_log,
             )
             if ws.steps
@@ -244,7 +314,7 @@ def warm_start(config: MazerlConfig, policy: Policy, random_init: float | None, 
     finally:
         if bar is not None:
             bar.close()
-    report.random_init_solve_rate = random_init
+    report.base_solve_rate, report.base_label = base
     with fs.staged_dir(out) as staged:
         save_merged(policy, staged, report)
     return out
@@ -266,11 +336,11 @@ def base_model_dir(config: MazerlConfig, data: Datasets, say: Callable[[str], No
     staging = run_root / ".base_model.staging"
     shutil.rmtree(staging, ignore_errors=True)
     say(
-        f"building the tiny Qwen3-VL and warm-starting it on {config.local.warm_start.steps} "
-        f"oracle steps ({config.mazes.train_preset})"
+        f"tiny Qwen3-VL from {config.local.tiny_base}: warm-starting it on "
+        f"{config.local.warm_start.steps} oracle steps ({config.mazes.train_preset})"
     )
-    policy, random_init = build_base_model(config, staging, data, say)
-    warm_start(config, policy, random_init, out)
+    policy, rate, label = build_base_model(config, staging, data, say)
+    warm_start(config, policy, (rate, label), out)
     shutil.rmtree(staging, ignore_errors=True)
     return out
 
@@ -363,6 +433,7 @@ class Trainer:
         self.store = AdapterStore(self.sync_root)
         self.global_step = 0
         self.eval_before: float | None = None
+        self._last_eval: tuple[int, dict[str, float]] | None = None
         self.history: list[dict[str, float]] = []
         local = config.local
         self.metrics = MetricsSink(
@@ -443,6 +514,16 @@ class Trainer:
         shutil.rmtree(staging, ignore_errors=True)
         return published.version
 
+    def draw_curves(self) -> None:
+        """Redraw ``curves.png`` from ``metrics.jsonl``; a failed drawing never stops training."""
+        from maze_engine.plots import write_curves
+
+        title = f"{self.run_dir.resolve().name}: eval on {self.config.mazes.eval_set}"
+        try:
+            write_curves(self.run_dir, title=title)
+        except (OSError, ValueError) as exc:
+            log.warning("could not draw %s: %s", self.run_dir / "curves.png", exc)
+
     # ----- loop ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on the validation rows: ``eval/all/pass_at_1`` is the solve rate."""
@@ -454,13 +535,18 @@ class Trainer:
             self.eval_sampling,
             derive_seed(self.seed, "eval"),
             max_turns=self.max_turns,
+            outcomes_only=True,
         )
+        # The episodes themselves, so what a run changed can be read off its own records.
+        write_eval_records(self.run_dir / EVALS_DIR / f"step_{self.global_step}.jsonl", rows, eps)
         solved = [float(e.solved) for e in eps]
-        return {
+        out = {
             "eval/all/pass_at_1": float(np.mean(solved)),
             "eval/all/avg_score": float(np.mean([e.reward for e in eps])),
             "eval/all/avg_turns": float(np.mean([e.turns for e in eps])),
         }
+        self._last_eval = (self.global_step, out)
+        return out
 
     def train_step(self) -> dict[str, float]:
         """One GRPO step: rollouts, advantages, policy update(s), adapter publish and sync."""
@@ -576,6 +662,7 @@ class Trainer:
             ev = self.evaluate()
             self.eval_before = ev["eval/all/pass_at_1"]
             self.metrics.log(0, ev)
+            self.draw_curves()
             self.say(
                 f"eval before training: {self.config.mazes.eval_set} solve rate {self.eval_before:.2%}"
             )
@@ -606,6 +693,8 @@ class Trainer:
             else:
                 self.history.append({"global_step": float(self.global_step), **m})
             self.metrics.log(self.global_step, m)
+            if "eval/all/pass_at_1" in m:
+                self.draw_curves()
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(
@@ -617,9 +706,13 @@ class Trainer:
             bar.close()
         eval_after = None
         if t.eval_before_train or (t.eval_interval and t.eval_interval > 0):
-            ev = self.evaluate()
+            # The last interval eval may already be of this very policy: greedy, so reuse it.
+            done = self._last_eval is not None and self._last_eval[0] == self.global_step
+            ev = self._last_eval[1] if done and self._last_eval else self.evaluate()
             eval_after = ev["eval/all/pass_at_1"]
-            self.metrics.log(self.global_step, ev)
+            if not done:
+                self.metrics.log(self.global_step, ev)
+        self.draw_curves()
         final = self.run_dir / "final_adapter"
         latest = self.store.latest()
         assert latest is not None
@@ -637,7 +730,8 @@ class Trainer:
             eval_after,
             final,
             self.history,
-            random_init=report.get("random_init_solve_rate"),
+            base_solve_rate=report.get("base_solve_rate"),
+            base_label=report.get("base_label"),
             warm_start_steps=report.get("steps_done") if report else None,
         )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from maze_engine.errors import AdapterLoadError
+from maze_policy.chat import Trajectory
 from maze_policy.lora import load_policy, lora_config
 from maze_policy.rollout import Episode, run_episodes
 from maze_policy.sampling import SamplingParams
@@ -70,8 +71,15 @@ class RolloutWorker:
         seed: int,
         *,
         max_turns: int | None = None,
+        outcomes_only: bool = False,
     ) -> list[Episode]:
-        return run_episodes(
+        """Play the rows; ``outcomes_only`` drops each trajectory (evaluation reads outcomes).
+
+        What goes back to the learner is only what it reads: the PIL frames are dropped (the
+        update uses the pixel values), and with ``outcomes_only`` the tokens and pixel values
+        too, which for an eval of 64 mazes are about a GB of float32 patches.
+        """
+        episodes = run_episodes(
             self.policy,
             rows,
             sampling=sampling,
@@ -80,3 +88,9 @@ class RolloutWorker:
             groups=groups,
             max_turns=max_turns,
         )
+        for ep in episodes:
+            if outcomes_only:
+                ep.trajectory = Trajectory()
+            else:
+                ep.trajectory.images = []
+        return episodes

@@ -20,6 +20,9 @@ dataset written by a different generator fails loudly instead of training on wro
 * ``max_action_chars``: longest reply parsed; longer ones are invalid turns. Default 65536.
 * ``final_observation``: also return the last feedback message when the episode ends (SkyRL
   would append it to the chat); default False, the feedback is in ``metadata`` either way.
+* ``inline_images``: images the env builds are PIL images in ``image`` parts instead of PNG
+  data URIs in ``image_url`` parts (same pixels); default False. Only for a consumer in the
+  same process (the local engine's rollouts): such messages cannot be serialised.
 
 * ``mode``: ``turns`` (default; one action per turn, VisGym) or ``path`` (one turn whose reply is
   the whole path, AlphaMaze style, scored by :func:`maze_verifier.score.score_path`). Path mode
@@ -50,7 +53,13 @@ from maze_env import (
     generate,
     parse_action,
 )
-from maze_env.prompts import feedback_message, image_part, initial_messages, text_part
+from maze_env.prompts import (
+    feedback_message,
+    image_part,
+    initial_messages,
+    inline_image_part,
+    text_part,
+)
 from maze_env.render import DEFAULT_STYLE, Renderer, Style
 from maze_verifier.errors import EpisodeOverError, MazeTextEnvConfigError
 from maze_verifier.score import EpisodeScore, score_episode, score_path
@@ -64,7 +73,7 @@ PATH_SYSTEM_PROMPT = (
 )
 
 
-def path_messages(maze: Maze, renderer: Renderer) -> list[dict[str, Any]]:
+def path_messages(maze: Maze, renderer: Renderer, *, inline: bool = False) -> list[dict[str, Any]]:
     """System prompt and first user turn for a single-turn whole-path episode."""
     rows, cols = maze.shape
     return [
@@ -72,7 +81,7 @@ def path_messages(maze: Maze, renderer: Renderer) -> list[dict[str, Any]]:
         {
             "role": "user",
             "content": [
-                image_part(renderer.data_uri()),
+                inline_image_part(renderer.image()) if inline else image_part(renderer.data_uri()),
                 text_part(f"Here is a {rows}x{cols} maze. What is the path to the goal?"),
             ],
         },
@@ -90,6 +99,7 @@ class MazeTextEnvConfig:
     max_action_chars: int = MAX_ACTION_CHARS
     final_observation: bool = False
     mode: Literal["turns", "path"] = "turns"
+    inline_images: bool = False
 
     KEYS = frozenset(
         {
@@ -100,6 +110,7 @@ class MazeTextEnvConfig:
             "max_action_chars",
             "final_observation",
             "mode",
+            "inline_images",
         }
     )
 
@@ -135,6 +146,7 @@ class MazeTextEnvConfig:
             ),
             final_observation=bool(data.get("final_observation", False)),
             mode=_mode(data.get("mode", "turns")),
+            inline_images=bool(data.get("inline_images", False)),
         )
 
 
@@ -276,11 +288,19 @@ class MazeTextEnv(BaseTextEnv):
         if prompt:
             messages = prompt
         elif self.config.mode == "path":
-            messages = cast(ConversationType, path_messages(self.maze, self.renderer))
+            messages = cast(
+                ConversationType,
+                path_messages(self.maze, self.renderer, inline=self.config.inline_images),
+            )
         else:
             messages = cast(
                 ConversationType,
-                initial_messages(self.maze, self.task.step_budget, renderer=self.renderer),
+                initial_messages(
+                    self.maze,
+                    self.task.step_budget,
+                    renderer=self.renderer,
+                    inline=self.config.inline_images,
+                ),
             )
         return messages, {
             "maze_hash": self.maze.content_hash(),
@@ -325,7 +345,13 @@ class MazeTextEnv(BaseTextEnv):
         if not done or self.config.final_observation:
             steps_left = min(self.game.steps_left, self.max_turns - self.turns)
             observations.append(
-                feedback_message(result, self.game.agent, steps_left, self.renderer)
+                feedback_message(
+                    result,
+                    self.game.agent,
+                    steps_left,
+                    self.renderer,
+                    inline=self.config.inline_images,
+                )
             )
         return BaseTextEnvStepOutput(
             observations=cast(ConversationType, observations),

@@ -1,0 +1,194 @@
+"""What a policy decided in its episodes: first moves, stops and recoveries, by layout class.
+
+Episodes are replayed from their recorded replies with maze-env's own rules, so the figures
+come from the run's records, not from a second rollout. A decision is *good* when it keeps the
+agent on a shortest path: the distance to the goal (BFS over open squares) drops by one, or the
+agent stops on the goal. The layout class of a maze is its start corner and how many first
+moves are good (1 = the walls leave one way out; 2 = either way is as short).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from maze_env import Maze
+    from maze_policy.rollout import Episode
+
+Pos = tuple[int, int]
+EVALS_DIR = "evals"
+"""Under the run directory: one ``step_<N>.jsonl`` of episodes per evaluation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One episode's decisions."""
+
+    layout_class: str
+    first_move_good: bool | None
+    """None when the first reply was not a move (invalid or stop)."""
+    reached_goal: bool
+    stopped_on_arrival: bool | None
+    """On the turn after first reaching the goal: stopped (True), or not (False); None if never."""
+    bumps: int
+    recoveries: int
+    """Bumps followed by a good move on the next turn."""
+    solved: bool
+
+
+def distances(maze: Maze) -> dict[Pos, int]:
+    """BFS distance to the goal of every open square."""
+    out = {maze.goal: 0}
+    frontier = [maze.goal]
+    while frontier:
+        nxt: list[Pos] = []
+        for r, c in frontier:
+            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+                p = (r + dr, c + dc)
+                if maze.is_open(p) and p not in out:
+                    out[p] = out[(r, c)] + 1
+                    nxt.append(p)
+        frontier = nxt
+    return out
+
+
+def layout_class(maze: Maze, dist: Mapping[Pos, int] | None = None) -> str:
+    """``<corner>/<k> way(s)``: the start corner and how many first moves are on a shortest path."""
+    dist = dist or distances(maze)
+    rows, cols = maze.shape
+    r, c = maze.start
+    corner = ("top" if r < rows // 2 else "bottom") + "-" + ("left" if c < cols // 2 else "right")
+    ways = sum(
+        1
+        for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))
+        if dist.get((r + dr, c + dc), 10**9) == dist[maze.start] - 1
+    )
+    return f"{corner}/{ways} way{'s' if ways != 1 else ''}"
+
+
+def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
+    """Replay ``replies`` on ``maze`` and classify every decision."""
+    from maze_env import MazeGame
+
+    dist = distances(maze)
+    game = MazeGame.start(maze, step_budget)
+    first: bool | None = None
+    arrived_at: int | None = None
+    stopped_on_arrival: bool | None = None
+    bumps = recoveries = 0
+    last_bumped = False
+    for turn, reply in enumerate(replies):
+        if game.done:
+            break
+        before = game.agent
+        result = game.step(reply)
+        good = result.outcome == "moved" and dist[game.agent] == dist[before] - 1
+        if turn == 0:
+            first = good if result.outcome in ("moved", "bumped") else None
+        if last_bumped:
+            recoveries += good
+        last_bumped = result.outcome == "bumped"
+        bumps += last_bumped
+        if arrived_at is not None and turn == arrived_at + 1:
+            stopped_on_arrival = result.outcome == "stopped"
+        if arrived_at is None and game.agent == maze.goal:
+            arrived_at = turn
+    if arrived_at is not None and stopped_on_arrival is None and not game.done:
+        stopped_on_arrival = False
+    return Replayed(
+        layout_class=layout_class(maze, dist),
+        first_move_good=first,
+        reached_goal=arrived_at is not None,
+        stopped_on_arrival=stopped_on_arrival,
+        bumps=bumps,
+        recoveries=recoveries,
+        solved=game.solved,
+    )
+
+
+def _rate(values: Iterable[bool | None]) -> tuple[float | None, int]:
+    seen = [bool(v) for v in values if v is not None]
+    return (sum(seen) / len(seen) if seen else None, len(seen))
+
+
+def summarize(episodes: Sequence[Replayed]) -> dict[str, Any]:
+    """Rates over ``episodes``, overall and per layout class (with how many counted)."""
+    by_class: dict[str, list[Replayed]] = defaultdict(list)
+    for e in episodes:
+        by_class[e.layout_class].append(e)
+
+    def block(group: Sequence[Replayed]) -> dict[str, Any]:
+        first, n_first = _rate(e.first_move_good for e in group)
+        stop, n_stop = _rate(e.stopped_on_arrival for e in group)
+        bumps = sum(e.bumps for e in group)
+        return {
+            "episodes": len(group),
+            "solved": sum(e.solved for e in group) / len(group) if group else None,
+            "first_move_good": first,
+            "first_moves": n_first,
+            "stop_on_arrival": stop,
+            "arrivals": n_stop,
+            "bumps": bumps,
+            "recovery_after_bump": sum(e.recoveries for e in group) / bumps if bumps else None,
+        }
+
+    return {"all": block(episodes), **{k: block(v) for k, v in sorted(by_class.items())}}
+
+
+def write_eval_records(
+    path: Path, rows: Sequence[Mapping[str, Any]], episodes: Sequence[Episode]
+) -> None:
+    """One JSON line per eval episode: the maze's preset, seed and budget, the replies, solved."""
+    from weight_sync import fs
+
+    lines = [
+        json.dumps(
+            {
+                "preset": rows[e.row_index]["preset"],
+                "seed": int(rows[e.row_index]["seed"]),
+                "step_budget": int(rows[e.row_index]["step_budget"]),
+                "replies": list(e.replies),
+                "solved": bool(e.solved),
+            }
+        )
+        for e in episodes
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fs.atomic_write_text(path, "".join(f"{line}\n" for line in lines), durable=False)
+
+
+def read_eval_records(path: Path) -> list[Replayed]:
+    """Replay every episode of an eval record file."""
+    from maze_env import generate
+
+    out: list[Replayed] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        maze = generate(str(rec["preset"]), int(rec["seed"]))
+        out.append(replay(maze, list(rec["replies"]), int(rec["step_budget"])))
+    return out
+
+
+def compare_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """A Markdown table of every rate, before -> after, overall and per layout class."""
+
+    def pct(x: object) -> str:
+        return "-" if x is None else f"{float(x):.0%}"  # pyright: ignore[reportArgumentType]
+
+    lines = [
+        "| layout class | episodes | solved | first move good | stop on arrival | recovery after bump |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in after:
+        b, a = before.get(key, {}), after[key]
+        cells = [
+            f"{pct(b.get(m))} -> {pct(a.get(m))}"
+            for m in ("solved", "first_move_good", "stop_on_arrival", "recovery_after_bump")
+        ]
+        lines.append(f"| {key} | {a['episodes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,344 @@
+"""Perception pretraining: teach a tiny VLM to read a rendered maze before any task tuning.
+
+Real VLMs are aligned on dense image descriptions before instruction tuning; a tiny model built
+from a config has seen nothing. Here it learns to transcribe a rendered maze square by square
+(``#`` wall, ``.`` open, ``A`` agent, ``G`` goal, one row per line), one existing single-byte
+token per square, so every square of the image is tied to one supervised token. The mazes are
+fresh every step and the agent stands on a random open square part of the time, so the model
+must read walls and the agent from the image, not from memorised layouts. Training mazes are
+drawn far from the eval sets' seeds (maze-env's ``TRAIN_SEED_OFFSET``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from maze_engine.config import MazerlConfig, PerceptionConfig
+from maze_engine.sft import supervised_step
+
+if TYPE_CHECKING:
+    from maze_env import Maze
+    from maze_policy.chat import Trajectory
+    from maze_policy.policy import Policy
+
+PROMPT = "Transcribe the maze row by row: # wall, . open, A agent, G goal."
+SEED_STRIDE = 7_919
+"""Distance between the maze seeds of two pretraining seeds' streams (prime, so they rarely meet)."""
+
+
+@dataclass
+class PerceptionReport:
+    """What a perception run did: its config, losses and reading accuracy over time."""
+
+    config: dict[str, Any]
+    losses: list[float] = field(default_factory=list[float])
+    evals: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
+    steps_done: int = 0
+    seconds: float = 0.0
+
+
+def transcription(maze: Maze, agent: tuple[int, int]) -> str:
+    """The reply the model learns: ``#``/``.`` per square, ``A`` agent, ``G`` goal, rows by line."""
+    rows = [list(r) for r in maze.grid_rows()]
+    gr, gc = maze.goal
+    rows[gr][gc] = "G"
+    ar, ac = agent
+    rows[ar][ac] = "A"
+    return "\n".join("".join(r) for r in rows)
+
+
+def _char_ids(policy: Policy) -> dict[str, int]:
+    """One single-byte token per character; byte-level BPE has one for every byte."""
+    tok = policy.processor.tokenizer
+    out: dict[str, int] = {}
+    for ch in "#.AG\n":
+        ids = tok.encode(ch, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"the tokenizer has no single token for {ch!r}")
+        out[ch] = int(ids[0])
+    return out
+
+
+def perception_example(
+    policy: Policy, maze: Maze, agent: tuple[int, int], *, cell_px: int, ids: dict[str, int]
+) -> Trajectory:
+    """The image + prompt as a user turn, and the transcription as the supervised reply."""
+    from maze_env.prompts import image_part, text_part
+    from maze_env.render import Renderer, Style
+
+    uri = Renderer(maze, Style(cell_px=cell_px)).data_uri(agent)
+    enc = policy.encoder
+    traj = enc.start([{"role": "user", "content": [image_part(uri), text_part(PROMPT)]}])
+    reply = [ids[ch] for ch in transcription(maze, agent)]
+    enc.add_assistant(traj, [*reply, enc.eos_token_id])
+    return traj
+
+
+HELD_OUT_SETS = ("small-64", "easy-64", "hard-64")
+"""Eval sets whose wall patterns pretraining never shows (tiny-64 holds all four 5x5 patterns, so
+no 5x5 maze could be drawn: it is not a held-out set)."""
+
+
+def held_out_walls() -> set[bytes]:
+    """Wall patterns of the held-out eval sets: pretraining never shows them, with any corners."""
+    from maze_env import get_eval_set
+
+    return {
+        m.walls.tobytes() + bytes(m.shape)
+        for name in HELD_OUT_SETS
+        for m in get_eval_set(name).mazes
+    }
+
+
+def _draw(
+    cfg: PerceptionConfig, rng: random.Random, seeds: Iterator[int], banned: set[bytes]
+) -> tuple[Maze, tuple[int, int]]:
+    from maze_env import generate
+
+    spec = rng.choice(cfg.specs)
+    maze = generate(spec, next(seeds))
+    while maze.walls.tobytes() + bytes(maze.shape) in banned:
+        maze = generate(spec, next(seeds))
+    agent = maze.start
+    if rng.random() < cfg.random_agent:
+        free = [
+            (r, c)
+            for r in range(maze.shape[0])
+            for c in range(maze.shape[1])
+            if maze.is_open((r, c)) and (r, c) != maze.goal
+        ]
+        agent = rng.choice(free)
+    return maze, agent
+
+
+def _square_hits(
+    policy: Policy, mazes: Sequence[tuple[Maze, tuple[int, int]]], *, cell_px: int
+) -> list[list[bool]]:
+    """Per maze, teacher-forced: was each square's token the model's argmax? (row-major)."""
+    ids = _char_ids(policy)
+    trajs = [perception_example(policy, m, a, cell_px=cell_px, ids=ids) for m, a in mazes]
+    batch = policy.collate(trajs)
+    with torch.no_grad():
+        logits = policy.model(**batch.model_inputs(), use_cache=False).logits[:, :-1]
+    if policy.suppress_ids:
+        logits = logits.index_fill(-1, torch.tensor(policy.suppress_ids), float("-inf"))
+    hits = logits.argmax(-1) == batch.input_ids[:, 1:]
+    mask = batch.loss_mask[:, 1:].bool()
+    out: list[list[bool]] = []
+    for row, (maze, _agent) in enumerate(mazes):
+        got = [bool(h) for h in hits[row][mask[row]].tolist()]
+        cols = maze.shape[1]
+        # Drop the newline after each row: one entry per square.
+        out.append(
+            [got[k] for k in range(len(got)) if (k + 1) % (cols + 1) != 0][: maze.walls.size]
+        )
+    return out
+
+
+def reading_accuracy(
+    policy: Policy, mazes: Sequence[tuple[Maze, tuple[int, int]]], *, cell_px: int
+) -> dict[str, float]:
+    """Teacher-forced reading: the share of squares read right, by kind.
+
+    Kinds: every square, passage squares, the squares next to the agent, whole grids. A passage square lies between two cells (one even and one odd coordinate, inside the outer
+    wall): the squares that decide the route.
+    """
+    counts: dict[str, int] = dict.fromkeys(("squares", "passages", "neighbours"), 0)
+    right: dict[str, int] = dict.fromkeys(counts, 0)
+    grids_ok = 0
+    for (maze, agent), hits in zip(
+        mazes, _square_hits(policy, mazes, cell_px=cell_px), strict=True
+    ):
+        rows, cols = maze.shape
+        near = {(agent[0] + dr, agent[1] + dc) for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))}
+        for k, ok in enumerate(hits):
+            r, c = divmod(k, cols)
+            kinds = ["squares"]
+            if 0 < r < rows - 1 and 0 < c < cols - 1 and (r % 2) != (c % 2):
+                kinds.append("passages")
+            if (r, c) in near:
+                kinds.append("neighbours")
+            for kind in kinds:
+                counts[kind] += 1
+                right[kind] += ok
+        grids_ok += all(hits)
+    return {
+        "square_accuracy": right["squares"] / max(1, counts["squares"]),
+        "passage_accuracy": right["passages"] / max(1, counts["passages"]),
+        "neighbour_accuracy": right["neighbours"] / max(1, counts["neighbours"]),
+        "grid_exact": grids_ok / max(1, len(mazes)),
+    }
+
+
+def probe(
+    policy: Policy, eval_set: str, *, cell_px: int, max_new_tokens: int = 32
+) -> dict[str, Any]:
+    """Perception, measured directly, per layout class of ``eval_set``'s mazes.
+
+    ``first_move_good``: the greedy first reply moves along a shortest path (the walls read
+    right). ``neighbour_accuracy``: the squares next to the agent read right in the
+    transcription task.
+    """
+    from maze_engine.decisions import distances, layout_class, replay
+    from maze_env import get_eval_set
+    from maze_env.export import build_rows
+    from maze_env.render import Style
+    from maze_policy.rollout import run_episodes
+    from maze_policy.sampling import SamplingParams
+
+    es = get_eval_set(eval_set)
+    rows = build_rows(es.spec, es.seeds, split="validation", style=Style(cell_px=cell_px))
+    eps = run_episodes(
+        policy,
+        rows,
+        sampling=SamplingParams(greedy=True, max_new_tokens=max_new_tokens),
+        seed=0,
+        max_turns=1,
+    )
+    reads = _square_hits(policy, [(m, m.start) for m in es.mazes], cell_px=cell_px)
+    by_class: dict[str, list[tuple[bool | None, float]]] = {}
+    for maze, ep, hits in zip(es.mazes, eps, reads, strict=True):
+        cols = maze.shape[1]
+        near = [
+            hits[r * cols + c]
+            for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))
+            if 0 <= (r := maze.start[0] + dr) < maze.shape[0]
+            and 0 <= (c := maze.start[1] + dc) < cols
+        ]
+        first = replay(maze, ep.replies[:1], maze.step_budget()).first_move_good
+        key = layout_class(maze, distances(maze))
+        by_class.setdefault(key, []).append((first, sum(near) / len(near)))
+    out: dict[str, Any] = {}
+    for key, items in sorted(by_class.items()):
+        firsts = [f for f, _ in items if f is not None]
+        out[key] = {
+            "mazes": len(items),
+            "first_move_good": sum(firsts) / len(firsts) if firsts else None,
+            "neighbour_accuracy": sum(n for _, n in items) / len(items),
+        }
+    return out
+
+
+def _lr_lambda(cfg: PerceptionConfig) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    return f
+
+
+def eval_mazes(cfg: PerceptionConfig, spec: str) -> list[tuple[Maze, tuple[int, int]]]:
+    """Fixed held-out mazes for the reading checks (eval-set seeds 0.., never trained on)."""
+    from maze_env import generate
+
+    return [(m, m.start) for m in (generate(spec, s) for s in range(cfg.eval_mazes))]
+
+
+def run_perception(
+    policy: Policy,
+    cfg: PerceptionConfig,
+    *,
+    log: Callable[[dict[str, float]], None] | None = None,
+) -> PerceptionReport:
+    """Train ``policy.model`` (all weights) in place on the transcription task."""
+    from maze_env.export import TRAIN_SEED_OFFSET
+
+    model = policy.model
+    report = PerceptionReport(config=asdict(cfg))
+    if cfg.freeze_patch_embed:
+        for name, p in model.named_parameters():
+            if "patch_embed" in name:
+                p.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    ids = _char_ids(policy)
+    rng = random.Random(cfg.seed)
+    seeds = itertools.count(TRAIN_SEED_OFFSET + 2_000_000 + cfg.seed * SEED_STRIDE * 1_000)
+    banned = held_out_walls()
+    checks = {spec: eval_mazes(cfg, spec) for spec in sorted(set(cfg.specs))}
+    t_start = time.perf_counter()
+    for step in range(cfg.steps):
+        if cfg.max_seconds is not None and time.perf_counter() - t_start >= cfg.max_seconds:
+            break
+        examples = [_draw(cfg, rng, seeds, banned) for _ in range(cfg.batch_size)]
+        trajs = [
+            perception_example(policy, m, a, cell_px=cfg.cell_px, ids=ids) for m, a in examples
+        ]
+        model.train()
+        loss = supervised_step(policy, trajs, opt, sched, params)
+        report.losses.append(float(loss.detach()))
+        report.steps_done = step + 1
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            model.eval()
+            row: dict[str, float] = {
+                "step": step + 1,
+                "seconds": time.perf_counter() - t_start,
+                "loss": float(loss.detach()),
+            }
+            for spec, mazes in checks.items():
+                for k, v in reading_accuracy(policy, mazes, cell_px=cfg.cell_px).items():
+                    row[f"{spec}/{k}"] = v
+            report.evals.append(row)
+            if log is not None:
+                log(row)
+    model.eval()
+    report.seconds = time.perf_counter() - t_start
+    return report
+
+
+def pretrain(
+    config: MazerlConfig,
+    out: Path,
+    *,
+    command: str,
+    log: Callable[[dict[str, float]], None] | None = None,
+) -> Path:
+    """Build the tiny model from ``local.tiny_model``, pretrain its perception, save an artifact.
+
+    ``out`` receives the merged model, ``recipe.json`` (``command``, the perception settings, the
+    final reading accuracy, maze-env's version) and a weight-sync manifest, swapped in whole, so
+    the directory can be shipped under ``maze_engine/artifacts/`` and verified on every load.
+    """
+    from maze_engine.sft import save_merged
+    from maze_env import __version__ as maze_env_version
+    from maze_policy.model import TinyVLMConfig, build_tiny_vlm, load_vlm
+    from maze_policy.policy import Policy
+    from weight_sync import fs
+
+    cfg = config.local.perception
+    torch.set_num_threads(config.local.torch_threads)
+    with fs.staged_dir(out) as staged:
+        init = staged / ".init"
+        build_tiny_vlm(init, seed=cfg.seed, config=TinyVLMConfig(**config.local.tiny_model))
+        model, processor = load_vlm(init)
+        policy = Policy(model, processor)
+        report = run_perception(policy, cfg, log=log)
+        save_merged(policy, staged)
+        shutil.rmtree(init)
+        recipe = {
+            "command": command,
+            "perception": asdict(cfg),
+            "tiny_model": dict(config.local.tiny_model),
+            "maze_env": maze_env_version,
+            "steps_done": report.steps_done,
+            "seconds": round(report.seconds, 1),
+            "final_loss": report.losses[-1] if report.losses else None,
+            "reading": report.evals[-1] if report.evals else {},
+            "held_out_sets": list(HELD_OUT_SETS),
+        }
+        fs.atomic_write_json(staged / "recipe.json", recipe, indent=1, sort_keys=True)
+        fs.write_manifest(staged, producer="maze-train pretrain")
+    return out

@@ -1,0 +1,139 @@
+"""Perception pretraining, decision replays, held-out checks and shipped artifacts."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from maze_engine import artifacts
+from maze_engine.config import PerceptionConfig, load_config
+from maze_engine.data import check_held_out, overlapping_layouts
+from maze_engine.decisions import distances, layout_class, replay, summarize
+from maze_engine.errors import ConfigError
+from maze_engine.perception import (
+    _char_ids,  # pyright: ignore[reportPrivateUsage]
+    _draw,  # pyright: ignore[reportPrivateUsage]
+    held_out_walls,
+    reading_accuracy,
+    run_perception,
+    transcription,
+)
+from maze_env import Maze, generate, get_eval_set
+from maze_env.export import build_rows
+from maze_env.prompts import oracle_reply
+from maze_policy.policy import Policy
+
+
+def _oracle_replies(maze_spec: str, seed: int) -> tuple[Maze, list[str]]:
+    maze = generate(maze_spec, seed)
+    pos = maze.start
+    replies: list[str] = []
+    for d in maze.optimal_actions:
+        replies.append(oracle_reply(pos, maze.goal, d.word))
+        dr, dc = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}[d.word]
+        pos = (pos[0] + dr, pos[1] + dc)
+    replies.append(oracle_reply(pos, maze.goal, "stop"))
+    return maze, replies
+
+
+def test_replay_of_the_oracle_is_all_good_decisions() -> None:
+    maze, replies = _oracle_replies("7x7", 3)
+    out = replay(maze, replies, 20)
+    assert out.solved and out.first_move_good and out.stopped_on_arrival
+    assert out.bumps == 0 and out.reached_goal
+
+
+def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
+    maze, replies = _oracle_replies("7x7", 3)
+    m = maze
+    dist = distances(m)
+    r, c = m.start
+    walled = next(
+        w
+        for w, (dr, dc) in {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}.items()
+        if (r + dr, c + dc) not in dist
+    )
+    bumped = [f"<action>{walled}</action>", *replies[:-1], "<action>up</action>"]
+    out = replay(m, bumped, 20)
+    assert out.first_move_good is False and out.bumps >= 1 and out.recoveries == 1
+    assert out.reached_goal and out.stopped_on_arrival is False and not out.solved
+    rates = summarize([out, replay(m, replies, 20)])
+    assert rates["all"]["first_move_good"] == 0.5 and rates["all"]["episodes"] == 2
+    assert layout_class(m) in rates
+
+
+def test_transcription_marks_agent_goal_and_walls() -> None:
+    maze = generate("5x5", 1)
+    text = transcription(maze, maze.start).split("\n")
+    assert len(text) == 5 and all(len(row) == 5 for row in text)
+    assert text[maze.goal[0]][maze.goal[1]] == "G" and text[maze.start[0]][maze.start[1]] == "A"
+    assert text[0] == "#####"
+
+
+def test_pretraining_never_draws_a_held_out_wall_pattern() -> None:
+    banned = held_out_walls()
+    assert len(banned) >= 60  # small-64 alone has 60 distinct layouts
+    cfg = PerceptionConfig(specs=["7x7"])
+    rng = random.Random(0)
+    seeds = itertools.count(0)  # eval-set seeds first: the ban must skip them
+    for _ in range(40):
+        maze, agent = _draw(cfg, rng, seeds, banned)
+        assert maze.walls.tobytes() + bytes(maze.shape) not in banned and maze.is_open(agent)
+
+
+def test_a_few_perception_steps_lower_the_loss(tiny_policy: Policy) -> None:
+    assert len(set(_char_ids(tiny_policy).values())) == 5
+    cfg = PerceptionConfig(
+        steps=6, batch_size=2, lr=1e-2, warmup_steps=1, specs=["5x5"], eval_every=6, eval_mazes=2
+    )
+    report = run_perception(tiny_policy, cfg)
+    assert report.steps_done == 6 and report.losses[-1] < report.losses[0]
+    reading = reading_accuracy(tiny_policy, [(generate("5x5", 0), (1, 1))], cell_px=32)
+    assert all(0.0 <= v <= 1.0 for v in reading.values())
+    assert set(report.evals[-1]) >= {"5x5/passage_accuracy", "5x5/neighbour_accuracy"}
+
+
+def test_training_rows_that_repeat_eval_layouts_fail_the_run() -> None:
+    es = get_eval_set("tiny-64")
+    train = build_rows(es.spec, [1_000_000, 1_000_001], split="train")
+    val = build_rows(es.spec, es.seeds, split="validation")
+    assert overlapping_layouts(train, val) == 2  # 5x5 has 16 layouts, all in tiny-64
+    strict = load_config("tiny_local", ["mazes.allow_eval_overlap=false"])
+    with pytest.raises(ConfigError, match=r"mazes\.allow_eval_overlap.*2 training rows"):
+        check_held_out(strict, train, val)
+    check_held_out(load_config("tiny_local"), train, val)  # allowed there
+
+
+def test_a_changed_artifact_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weight_sync import fs
+
+    art = tmp_path / "tiny-x"
+    art.mkdir()
+    (art / "model.safetensors").write_bytes(b"weights")
+    fs.write_manifest(art)
+    monkeypatch.setattr(artifacts, "ARTIFACTS_DIR", tmp_path)
+    assert artifacts.artifact_path("tiny-x") == art
+    (art / "model.safetensors").write_bytes(b"Weights")
+    with pytest.raises(artifacts.ArtifactError, match="does not match its manifest"):
+        artifacts.artifact_path("tiny-x")
+    with pytest.raises(artifacts.ArtifactError, match="no shipped artifact 'nope'"):
+        artifacts.artifact_path("nope")
+
+
+def test_the_held_out_config_trains_on_no_eval_layout_and_its_base_verifies(
+    tmp_path: Path,
+) -> None:
+    from maze_engine.data import export_datasets, read_rows
+
+    config = load_config("heldout_7x7", [f"trainer.export_path={tmp_path}"])
+    export_datasets(config)
+    train = read_rows(config.skyrl.data.train_data)
+    val = read_rows(config.skyrl.data.val_data)
+    assert len(train) == 256 and overlapping_layouts(train, val) == 0
+    check_held_out(config, train, val)
+    assert artifacts.artifact_path(config.local.tiny_base).is_dir()
