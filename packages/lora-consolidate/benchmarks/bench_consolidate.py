@@ -16,26 +16,31 @@ Modes (each reads files from a warm page cache, writes a fresh output, durable a
     stream-pt-torch     consolidate the .pt files, metadata read by torch.load
     stream-pt           consolidate the .pt files, metadata read by the C unpickler
     copy-shards         shutil.copy of the shard-format model files
+    copy-shards-fsync   the same, then fsync each copy (consolidation's output is durable)
+    sha256-shards       read and sha256 the shard-format model files (consolidation hashes its
+                        output in the same pass: this is the floor for any hashed output)
     shards              consolidate the shard-format checkpoint
     copy-shards-optim   shutil.copy of the shard-format model and optimizer files
     reshard-shards      reshard the shard format 4 -> 3 ranks, model and optimizer state
     reshard-pt          reshard the .pt files 4 -> 3 ranks (model only, .pt output)
 
 Time: one child process runs ``--repeat`` rounds of all modes interleaved (so load from other
-jobs hits every mode alike); best and median are reported. Memory: each mode then runs once more
-in a fresh child that resets its RSS high-water mark after its imports (Linux
-``/proc/self/clear_refs``); "work peak" is VmHWM at the end minus VmRSS at the reset, the memory
-the work itself added. "vs copy" divides a mode's throughput (its input bytes over its best time)
-by that of the copy of the same input files. Outputs are checked byte for byte.
+jobs hits every mode alike); best and median are reported. "vs copy" divides a mode's throughput
+(its input bytes over its best time) by that of the copy of the same input files. Memory: each
+mode then runs once more in a fresh child that resets its RSS high-water mark after its imports
+(Linux ``/proc/self/clear_refs``, after ``malloc_trim`` so that heap the imports freed cannot hide
+new allocations); "work peak" is VmHWM at the end minus VmRSS at the reset, the memory the work
+itself added; "base RSS" is the RSS at the reset (interpreter and imports). Outputs are checked
+byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import importlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -64,6 +69,8 @@ MODES = (
     "stream-pt-torch",
     "stream-pt",
     "copy-shards",
+    "copy-shards-fsync",
+    "sha256-shards",
     "shards",
     "copy-shards-optim",
     "reshard-shards",
@@ -75,6 +82,8 @@ _PEER = {
     "stream-pt-torch": "copy-pt",
     "stream-pt": "copy-pt",
     "reshard-pt": "copy-pt",
+    "copy-shards-fsync": "copy-shards",
+    "sha256-shards": "copy-shards",
     "shards": "copy-shards",
     "reshard-shards": "copy-shards-optim",
 }
@@ -134,7 +143,7 @@ def _inputs(mode: str, work: Path) -> list[Path]:
     if mode in ("copy-pt", "naive", "stream-pt-torch", "stream-pt", "reshard-pt"):
         return sorted((work / "pt").iterdir())
     files = sorted((work / "shards").iterdir())
-    if mode in ("copy-shards", "shards"):
+    if mode in ("copy-shards", "copy-shards-fsync", "sha256-shards", "shards"):
         return [f for f in files if f.name.startswith("model_")]
     return files
 
@@ -145,11 +154,18 @@ def _work(mode: str, work: Path, dst: Path, ranks: int) -> None:
 
     from lora_consolidate import consolidate, reshard
     from lora_consolidate.keys import peft_key
+    from weight_sync import fs
 
     if mode.startswith("copy-"):
         dst.mkdir()
         for file in _inputs(mode, work):
             shutil.copy(file, dst / file.name)
+            if mode.endswith("-fsync"):
+                fs.fsync_file(dst / file.name)
+    elif mode == "sha256-shards":
+        dst.mkdir()
+        for file in _inputs(mode, work):
+            fs.hash_file(file)
     elif mode == "naive":
         files = _inputs(mode, work)
         shards = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
@@ -176,6 +192,15 @@ def _work(mode: str, work: Path, dst: Path, ranks: int) -> None:
         raise SystemExit(f"unknown mode {mode}")
 
 
+def _reset_peak() -> int:
+    """Return freed heap to the OS, reset the RSS high-water mark; the RSS (KiB) after that."""
+    # Without the trim, work would reuse pages the imports freed and its peak would not show.
+    ctypes.CDLL(None).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets VmHWM to VmRSS
+        f.write("5")
+    return _rss_kib("VmRSS")
+
+
 def _rss_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -193,10 +218,7 @@ def _child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> None:
     if kind == "memory":
         (mode,) = modes.split(",")
         dst = out / f"memory-{mode}"
-        # Reset the RSS high-water mark to the current RSS (Linux clear_refs "5").
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        baseline = _rss_kib("VmRSS")
+        baseline = _reset_peak()
         started = time.perf_counter()
         _work(mode, work, dst, ranks)
         seconds = time.perf_counter() - started
@@ -211,9 +233,7 @@ def _child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> None:
         for mode, seconds in times.items():
             dst = out / f"{mode}-{round_}"
             if round_ == 0 and kind == "timing+memory":
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-                baseline = _rss_kib("VmRSS")
+                baseline = _reset_peak()
             started = time.perf_counter()
             _work(mode, work, dst, ranks)
             seconds.append(time.perf_counter() - started)
@@ -224,18 +244,15 @@ def _child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> None:
     print(json.dumps({"times": times, "memory": memory}))
 
 
-def _run_child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> tuple[Any, float]:
-    proc = subprocess.Popen(
+def _run_child(kind: str, modes: str, work: Path, ranks: int, repeat: int) -> Any:
+    proc = subprocess.run(
         [sys.executable, __file__, "_child", kind, modes, str(work), str(ranks), str(repeat)],
         stdout=subprocess.PIPE,
+        check=False,
     )
-    assert proc.stdout is not None
-    output = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+    if proc.returncode != 0:
         raise SystemExit(f"{kind} child for {modes} failed")
-    # ru_maxrss is KiB on Linux: the whole child's peak, torch's import included.
-    return json.loads(output.decode().strip().splitlines()[-1]), usage.ru_maxrss / 1024
+    return json.loads(proc.stdout.decode().strip().splitlines()[-1])
 
 
 def _sha(path: Path) -> str:
@@ -304,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         info = generate(work, args.ranks, args.layers, args.lora_rank)
         gen_s = time.perf_counter() - t0
         kind = "timing+memory" if args.one_process else "timing"
-        timed, _ = _run_child(kind, ",".join(modes), work, args.ranks, args.repeat)
+        timed = _run_child(kind, ",".join(modes), work, args.ranks, args.repeat)
         times: dict[str, list[float]] = timed["times"]
         results: dict[str, dict[str, float]] = {}
         for mode in modes:
@@ -319,9 +336,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.one_process:
                 results[mode]["over_baseline_mb"] = timed["memory"][mode]
             elif not args.no_memory:
-                mem, peak_rss = _run_child("memory", mode, work, args.ranks, 1)
+                mem = _run_child("memory", mode, work, args.ranks, 1)
                 results[mode]["over_baseline_mb"] = (mem["hwm_kib"] - mem["baseline_kib"]) / 1024
-                results[mode]["peak_rss_mb"] = peak_rss
+                results[mode]["base_rss_mb"] = mem["baseline_kib"] / 1024
         for mode, peer in _PEER.items():
             if mode in results and peer in results:
                 results[mode]["vs_copy"] = results[mode]["mb_per_s"] / results[peer]["mb_per_s"]
@@ -353,11 +370,11 @@ def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
     head = (
         f"{'mode':<18} {'input MiB':>9} {'best s':>7} {'median s':>8} {'MiB/s':>6} {'vs copy':>7}"
     )
-    print(head + f" {'work peak MiB':>13} {'peak RSS MiB':>12}")
+    print(head + f" {'work peak MiB':>13} {'base RSS MiB':>12}")
     for mode, r in report["results"].items():
         ratio = f"{r['vs_copy']:.2f}" if "vs_copy" in r else "-"
         peak = f"{r['over_baseline_mb']:.1f}" if "over_baseline_mb" in r else "-"
-        rss = f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else "-"
+        rss = f"{r['base_rss_mb']:.0f}" if "base_rss_mb" in r else "-"
         print(
             f"{mode:<18} {r['input_mb']:>9.1f} {r['best_s']:>7.3f} {r['median_s']:>8.3f} "
             f"{r['mb_per_s']:>6.0f} {ratio:>7} {peak:>13} {rss:>12}"

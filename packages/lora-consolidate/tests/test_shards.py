@@ -27,6 +27,7 @@ from lora_consolidate.shards import (
     write_rank_shards,
 )
 from lora_consolidate.sources import RankFileCheckpoint
+from weight_sync import fs
 
 
 def test_every_input_format_gives_byte_identical_adapters(
@@ -48,11 +49,19 @@ def test_every_input_format_gives_byte_identical_adapters(
     }
     digests: dict[str, str] = {}
     for name, (src, loader) in sources.items():
-        result = consolidate(src, tmp_path / name, adapter_config=config, loader=loader)
+        result = consolidate(
+            src, tmp_path / name, adapter_config=config, loader=loader, hash_algorithm="sha256"
+        )
         data = (tmp_path / name / "adapter_model.safetensors").read_bytes()
-        assert result.sha256 == hashlib.sha256(data).hexdigest(), name  # hashed while written
-        digests[name] = result.sha256
+        assert result.digest == hashlib.sha256(data).hexdigest(), name  # hashed while written
+        digests[name] = result.digest
     assert len(set(digests.values())) == 1, digests
+    # The fast checksum is the one weight-sync's manifests record for the same bytes.
+    fast = consolidate(
+        sharded.shards(2), tmp_path / "xxh3", adapter_config=config, hash_algorithm="xxh3-128"
+    )
+    weights = tmp_path / "xxh3" / "adapter_model.safetensors"
+    assert (fast.hash_algorithm, fast.digest) == ("xxh3-128", fs.hash_file(weights, "xxh3-128")[1])
     got = load_file(tmp_path / "shards-w2" / "adapter_model.safetensors")
     want = {k: v for k, v in reference.adapter.items() if not is_vision_key(k)}
     assert sorted(got) == sorted(want)

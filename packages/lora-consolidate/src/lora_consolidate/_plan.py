@@ -138,11 +138,44 @@ def assemble(key: str, itemsize: int, box: Box, pieces: Sequence[Piece]) -> byte
     return out
 
 
+def _row_ranges(itemsize: int, box: Box, pieces: Sequence[Piece]) -> list[Segment] | None:
+    """The common case, fast: box and pieces all whole along every dim but the first."""
+    tail = box[1][1:]
+    if not box[1] or any(box[0][1:]):
+        return None
+    for p in pieces:
+        if p.box[1][1:] != tail or any(p.box[0][1:]):
+            return None
+    row = math.prod(tail) * itemsize
+    start, stop = box[0][0], box[0][0] + box[1][0]
+    out: list[Segment] = []
+    pos = start
+    for p in sorted(pieces, key=lambda p: p.box[0][0]):
+        lo, hi = max(p.box[0][0], pos), min(p.box[0][0] + p.box[1][0], stop)
+        if hi <= lo:
+            continue
+        if lo != pos:
+            return None  # not a tiling; let the general path say so
+        src = p.offset + (lo - p.box[0][0]) * row
+        last = out[-1] if out else None
+        if isinstance(last, FileRange) and last.fd == p.fd and last.offset + last.nbytes == src:
+            out[-1] = FileRange(p.fd, p.path, last.offset, last.nbytes + (hi - lo) * row)
+        else:
+            out.append(FileRange(p.fd, p.path, src, (hi - lo) * row))
+        pos = hi
+    return out if pos == stop else None
+
+
 def segments(key: str, itemsize: int, box: Box, pieces: Sequence[Piece]) -> list[Segment]:
     """The bytes of ``box`` of tensor ``key`` in row-major order, as file ranges where possible.
 
     ``pieces`` must tile the tensor without overlap (checked when the checkpoint is opened).
     """
+    if not volume(box):
+        return []
+    fast = _row_ranges(itemsize, box, pieces)
+    if fast is not None:
+        return fast
     runs: list[tuple[int, int, int, Piece]] = []
     for piece in pieces:
         part = intersect(piece.box, box)

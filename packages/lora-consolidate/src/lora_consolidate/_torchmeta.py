@@ -224,8 +224,9 @@ def read_rank_file(path: Path, fd: int) -> dict[str, Any]:
     """The state dict of rank file ``path`` (open as ``fd``), every tensor a :class:`StoredTensor`.
 
     Raises:
-        ShardError: The file is not a readable zip archive (truncated or corrupt).
-        Unrecognised: The file needs ``torch.load``.
+        ShardError: The archive is damaged (a storage record is missing or cut short).
+        Unrecognised: The file needs ``torch.load`` (not a zip archive, or a construct this
+            reader does not model).
     """
     if not _Unpickler.allowed:
         _Unpickler.allowed = _allowed()
@@ -233,9 +234,8 @@ def read_rank_file(path: Path, fd: int) -> dict[str, Any]:
         # The descriptor is shared with the caller's preads; zipfile seeks it, pread does not.
         zf = zipfile.ZipFile(io.FileIO(fd, closefd=False))
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ShardError(
-            path, f"cannot read shard (not a zip archive: {exc}); truncated or corrupt?"
-        ) from exc
+        # A truncated archive, or torch's legacy (pre-zip) format: torch.load tells which.
+        raise Unrecognised(f"not a zip archive ({exc})") from exc
     with zf:
         pickles = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
         if len(pickles) != 1:

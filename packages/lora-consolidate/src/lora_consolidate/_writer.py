@@ -1,21 +1,21 @@
-"""Write one file from a stream of byte pieces and hash it in the same pass.
+"""Write one file from a stream of byte pieces and hash it in the same pass (``_hashing``).
 
 Pieces are bytes in memory or ranges of other (already open) files. They are packed into a small
 ring of fixed-size buffers: file ranges are ``preadv``-ed straight into a buffer, so a shard's
 bytes are copied once from the page cache, and no piece is ever held whole. Each full buffer goes
-to two worker threads, one hashing (sha256) and one writing it, while the caller fills the next:
+to two worker threads, one hashing and one writing it, while the caller fills the next:
 ``hashlib``, ``os.write`` and ``preadv`` release the GIL, so reading, hashing and writing overlap.
 Memory is the ring (``depth * chunk`` bytes), whatever the file size.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from lora_consolidate._hashing import SHA256, new_hasher
 from lora_consolidate.errors import ShardError
 
 CHUNK = 512 << 10
@@ -50,21 +50,27 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 class ChunkedWriter:
-    """Appends pieces to ``fd`` through a ring of buffers; :meth:`finish` returns size and sha256.
+    """Appends pieces to ``fd`` through a ring of buffers; :meth:`finish` returns size and digest.
 
     Use as a context manager (or call :meth:`abort` on error) so no worker still touches a
     buffer when the caller moves on.
     """
 
     def __init__(
-        self, fd: int, *, durable: bool = True, chunk: int = CHUNK, depth: int = DEPTH
+        self,
+        fd: int,
+        *,
+        algorithm: str = SHA256,
+        durable: bool = True,
+        chunk: int = CHUNK,
+        depth: int = DEPTH,
     ) -> None:
         self._fd = fd
         self._durable = durable
         self._chunk = chunk
         self._free: deque[memoryview] = deque(memoryview(bytearray(chunk)) for _ in range(depth))
-        self._inflight: deque[tuple[memoryview, Future[None], Future[None]]] = deque()
-        self._hash = hashlib.sha256()
+        self._inflight: deque[tuple[memoryview, Future[object], Future[None]]] = deque()
+        self._hash = new_hasher(algorithm)
         self._buf: memoryview | None = None
         self._fill = 0
         self._size = 0
@@ -143,7 +149,7 @@ class ChunkedWriter:
                 self._submit()
 
     def finish(self) -> tuple[int, str]:
-        """Write what is buffered, wait for the workers; return (bytes written, sha256 hex)."""
+        """Write what is buffered, wait for the workers; return (bytes written, hex digest)."""
         self._submit()
         while self._inflight:
             self._reclaim()

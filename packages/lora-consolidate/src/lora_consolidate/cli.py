@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         "--merge", type=Path, metavar="BASE_DIR", help="write base+adapter merged model instead"
     )
     c.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    c.add_argument(
+        "--hash",
+        choices=["auto", "sha256", "xxh3-128"],
+        default="auto",
+        help="checksum computed while writing (auto: xxh3-128 when xxhash is installed)",
+    )
 
     m = sub.add_parser("merge", help="fold a PEFT adapter into base safetensors weights")
     m.add_argument("adapter", type=Path, help="PEFT adapter directory")
@@ -107,6 +113,7 @@ def _run(args: argparse.Namespace) -> None:
             "adapter_name": args.adapter_name,
             "dtype": _DTYPES[args.dtype] if args.dtype else None,
             "world_size": args.world_size,
+            "hash_algorithm": args.hash,
         }
         if args.merge is None:
             print(

@@ -16,6 +16,7 @@ import torch
 
 from lora_consolidate import keys
 from lora_consolidate._atomic import staged_directory
+from lora_consolidate._hashing import AUTO, SHA256, resolve
 from lora_consolidate._plan import FileRange
 from lora_consolidate._safetensors_stream import TensorSpec, encode_header, tensor_bytes
 from lora_consolidate._writer import ChunkedWriter
@@ -31,7 +32,9 @@ VISION_EXCLUDE = r".*visual.*"
 class ConsolidateResult:
     """What :func:`consolidate` wrote: where, from which layout and world size, how much, how fast.
 
-    ``vision_tensors_skipped`` counts the vision-tower LoRA tensors left out of the adapter.
+    ``vision_tensors_skipped`` counts the vision-tower LoRA tensors left out of the adapter;
+    ``digest`` is the ``hash_algorithm`` checksum of ``adapter_model.safetensors``, computed as it
+    was written.
     """
 
     out: Path
@@ -41,7 +44,8 @@ class ConsolidateResult:
     bytes_written: int
     vision_tensors_skipped: int
     seconds: float
-    sha256: str = ""
+    hash_algorithm: str = ""
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -201,9 +205,9 @@ def load_config_arg(
 
 
 def write_adapter_weights(
-    path: Path, ckpt: ShardedCheckpoint, selected: list[_Selected]
+    path: Path, ckpt: ShardedCheckpoint, selected: list[_Selected], *, algorithm: str = SHA256
 ) -> tuple[int, str]:
-    """Stream the selected tensors into a new safetensors file; return (data bytes, sha256).
+    """Stream the selected tensors into a new safetensors file; return (data bytes, digest).
 
     The header is written first (every shape is known), then each tensor's bytes straight from
     the shard files where they can be copied as they are (see ``_plan``); the file is hashed as
@@ -212,7 +216,7 @@ def write_adapter_weights(
     prefix = encode_header([s.spec for s in selected], {"format": "pt"})
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        with ChunkedWriter(fd) as out:
+        with ChunkedWriter(fd, algorithm=algorithm) as out:
             out.write(prefix)
             for sel in selected:
                 if sel.spec.dtype != sel.source_dtype:
@@ -244,21 +248,25 @@ def consolidate(
     world_size: int | None = None,
     overwrite: bool = False,
     loader: str = "auto",
+    hash_algorithm: str = AUTO,
 ) -> ConsolidateResult:
     """Write ``out/adapter_model.safetensors`` + ``out/adapter_config.json`` from a checkpoint.
 
     The sharded checkpoint is streamed: shard bytes are copied through a few fixed buffers (a
     tensor is assembled in memory only when its shards cannot be copied as they are), and the
-    output is hashed as it is written (``ConsolidateResult.sha256``).
+    output is hashed as it is written (``ConsolidateResult.digest``).
 
     ``adapter_config`` may be a mapping or a JSON file; if omitted, ``adapter_config.json`` is
     looked for in the checkpoint, its ``lora_adapter/`` or its sibling ``lora_adapter/`` (SkyRL
     layout), else built from the shards plus ``lora_alpha``. Output appears atomically.
-    ``loader`` picks how ``torch.save`` rank files are read (``RankFileCheckpoint``).
+    ``loader`` picks how ``torch.save`` rank files are read (``RankFileCheckpoint``);
+    ``hash_algorithm`` the checksum computed while writing (``sha256``, ``xxh3-128``, or
+    ``auto``: ``xxh3-128`` when ``xxhash`` is installed, as ``weight_sync.AdapterStore``).
     """
     started = time.perf_counter()
     checkpoint = Path(checkpoint)
     out = Path(out)
+    algorithm = resolve(hash_algorithm)
     config_source = load_config_arg(adapter_config)
     config_where = checkpoint
     if config_source is None:
@@ -281,7 +289,9 @@ def consolidate(
             where=config_where,
         )
         with staged_directory(out, overwrite=overwrite) as staging:
-            written, sha = write_adapter_weights(staging / ADAPTER_WEIGHTS, ckpt, selected)
+            written, digest = write_adapter_weights(
+                staging / ADAPTER_WEIGHTS, ckpt, selected, algorithm=algorithm
+            )
             (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         return ConsolidateResult(
             out=out,
@@ -291,5 +301,6 @@ def consolidate(
             bytes_written=written,
             vision_tensors_skipped=skipped,
             seconds=time.perf_counter() - started,
-            sha256=sha,
+            hash_algorithm=algorithm,
+            digest=digest,
         )

@@ -85,6 +85,7 @@ def reshard(
     source_world_size: int | None = None,
     overwrite: bool = False,
     output_format: str | None = None,
+    hash_algorithm: str = "auto",
 ) -> ReshardResult:
     """Rewrite a checkpoint for ``world_size`` ranks into the new directory ``out``.
 
@@ -93,6 +94,7 @@ def reshard(
     (``model_world_size_{W}_rank_{R}.pt`` DTensor files as FSDP2 saves them, model state only).
     By default a checkpoint keeps its format (DCP becomes ``"pt"``). Memory: the shard format is
     streamed through a few fixed buffers; ``"pt"`` holds one output rank file.
+    ``hash_algorithm`` is the checksum the shard format's parts record (see ``write_rank_shards``).
     """
     if world_size < 1:
         raise ConsolidationError(f"world size must be >= 1, got {world_size}")
@@ -110,7 +112,12 @@ def reshard(
         with staged_directory(out, overwrite=overwrite) as staging:
             if fmt == "shards":
                 tensors = reshard_to_shards(
-                    ckpt, staging, world_size, lora_only=lora_only, optimizer=optimizer
+                    ckpt,
+                    staging,
+                    world_size,
+                    lora_only=lora_only,
+                    optimizer=optimizer,
+                    hash_algorithm=hash_algorithm,
                 )
             else:
                 tensors = _write_pt(ckpt, staging, world_size, lora_only=lora_only)

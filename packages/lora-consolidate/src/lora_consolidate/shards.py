@@ -12,18 +12,19 @@ optimizer state)::
     {kind}_world_size_{W}.index.json            the merged index, once all ranks are done
 
 Every file is written atomically (temp file, fsync, rename). A rank's part records its data
-file's size and sha256 and one row per tensor, ``[name, dtype, global shape, offsets, sizes,
+file's size and checksum (``hash_algorithm``, ``digest``) and one row per tensor, ``[name, dtype, global shape, offsets, sizes,
 placement]``: the rank holds ``global[offsets : offsets + sizes]``; placement is ``"S<d>"``
 (sharded on dim d over the ranks, ``torch.chunk`` sizes as FSDP2) or ``"R"`` (replicated:
 rank 0 alone stores it). Rows are one per line, so a reader parses one at a time and keeps
 only a compact table (memory stays small for thousands of tensors); any other valid JSON
 layout is read too. The merged index (:func:`finalize_rank_shards`, rank 0 after a barrier)
-lists every part and data file with its sha256 once they were checked to agree and to tile
+lists every part (its sha256) and data file (its checksum) once they were checked to agree and to tile
 every tensor; without it, readers check and merge the parts themselves.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -33,7 +34,7 @@ import struct
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -42,6 +43,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from lora_consolidate import _plan, keys
+from lora_consolidate._hashing import AUTO, SHA256, resolve
 from lora_consolidate._plan import Box, Piece, Segment, whole
 from lora_consolidate._safetensors_stream import (
     DTYPES_BY_NAME,
@@ -198,17 +200,18 @@ def _jsonable(value: Any, where: str) -> Any:
 _TENSORS_OPEN = b', "tensors": [\n'
 _TENSORS_CLOSE = b"]}\n"
 _METADATA = {"format": "pt"}
+_CHECKSUM = ("size", "hash_algorithm", "digest")  # what a part records of its data file
 
 
 def _write_atomic(
-    path: Path, pieces: Iterable[Segment | bytes], *, durable: bool
+    path: Path, pieces: Iterable[Segment | bytes], *, durable: bool, algorithm: str = SHA256
 ) -> tuple[int, str]:
-    """Stream ``pieces`` into a temp file beside ``path`` and rename it over; (size, sha256)."""
+    """Stream ``pieces`` into a temp file beside ``path`` and rename it over; (size, digest)."""
     tmp = path.with_name(f".{path.name}.tmp.{uuid.uuid4().hex[:12]}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
-            with ChunkedWriter(fd, durable=durable) as out:
+            with ChunkedWriter(fd, algorithm=algorithm, durable=durable) as out:
                 for piece in pieces:
                     if isinstance(piece, _plan.FileRange):
                         out.copy_range(piece.fd, piece.offset, piece.nbytes, where=piece.path)
@@ -228,7 +231,58 @@ def _write_atomic(
     return size, sha
 
 
-def _part_lines(meta: Mapping[str, Any], rows: Sequence[_Row]) -> Iterator[bytes]:
+class _LocalSpecs(Collection[TensorSpec]):
+    """Name, local shape and dtype of each row, made as iterated (not held for every tensor)."""
+
+    def __init__(self, rows: Collection[_Row]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TensorSpec]:
+        return (TensorSpec(r.name, r.box[1], r.dtype) for r in self._rows)
+
+    def __contains__(self, item: object) -> bool:
+        return any(item == spec for spec in self)
+
+
+class _TargetRows(Collection[_Row]):
+    """The rows of one target rank of a reshard, made on every pass over them."""
+
+    def __init__(
+        self, ckpt: ShardedCheckpoint, specs: Sequence[TensorSpec], rank: int, world: int
+    ) -> None:
+        self._ckpt = ckpt
+        self._specs = specs
+        self._rank = rank
+        self._world = world
+        self._boxes: dict[tuple[tuple[int, ...], Any], Box] = {}
+        self._len = sum(1 for _ in self)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, item: object) -> bool:
+        return any(item == row for row in self)
+
+    def __iter__(self) -> Iterator[_Row]:
+        for spec in self._specs:
+            placement, _ = self._ckpt.placement(spec.name)
+            if isinstance(placement, Shard) and spec.shape:
+                box = self._boxes.get((spec.shape, placement))
+                if box is None:  # the same for every tensor of this shape: a handful in all
+                    box, _ = shard_box(
+                        spec.shape, (self._world,), (self._rank,), (placement,),
+                        where=self._ckpt.path, key=spec.name,
+                    )  # fmt: skip
+                    self._boxes[spec.shape, placement] = box
+                yield _Row(spec.name, spec.dtype, spec.shape, box, f"S{placement.dim}")
+            elif self._rank == 0:
+                yield _Row(spec.name, spec.dtype, spec.shape, whole(spec.shape), "R")
+
+
+def _part_lines(meta: Mapping[str, Any], rows: Collection[_Row]) -> Iterator[bytes]:
     head = json.dumps(dict(meta)).encode()  # one line: json.dumps escapes newlines
     yield head[:-1] + _TENSORS_OPEN
     last = len(rows) - 1
@@ -243,22 +297,27 @@ def _write_kind(
     rank: int,
     world_size: int,
     *,
-    rows: Sequence[_Row],
+    rows: Collection[_Row],
     produce: Callable[[_Row], Iterable[Segment]],
     extras: Mapping[str, Any],
     tag: str | None,
     durable: bool,
-) -> tuple[Path, Path, int]:
-    """Write one rank's data file, then its index part (both atomically)."""
+    algorithm: str,
+) -> tuple[Path, Path, dict[str, Any]]:
+    """Write one rank's data file, then its index part (both atomically).
+
+    ``rows`` is iterated several times (header, data, index part). Returns the two paths and the
+    rank's entry for the merged index.
+    """
     name = data_file_name(kind, world_size, rank)
-    specs = [TensorSpec(r.name, r.box[1], r.dtype) for r in rows]
+    specs = _LocalSpecs(rows)
 
     def pieces() -> Iterator[Segment | bytes]:
         yield from iter_header(specs, _METADATA)
         for row in rows:
             yield from produce(row)
 
-    size, sha = _write_atomic(directory / name, pieces(), durable=durable)
+    size, digest = _write_atomic(directory / name, pieces(), durable=durable, algorithm=algorithm)
     meta = {
         "format": FORMAT,
         "kind": kind,
@@ -267,13 +326,15 @@ def _write_kind(
         "tag": tag,
         "file": name,
         "size": size,
-        "sha256": sha,
+        "hash_algorithm": algorithm,
+        "digest": digest,
         "extras": dict(extras),
     }
     part = directory / part_file_name(kind, world_size, rank)
     # Written after the data file is in place: a part on disk vouches for its data.
-    _write_atomic(part, _part_lines(meta, rows), durable=durable)
-    return directory / name, part, size
+    _, part_sha = _write_atomic(part, _part_lines(meta, rows), durable=durable)
+    listed = {"rank": rank, "index": part.name, "index_sha256": part_sha, "file": name}
+    return directory / name, part, listed | {k: meta[k] for k in _CHECKSUM}
 
 
 def _optimizer_entries(optimizer: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -315,6 +376,7 @@ def write_rank_shards(
     lora_only: bool = True,
     tag: str | None = None,
     durable: bool = True,
+    hash_algorithm: str = AUTO,
 ) -> RankShardsResult:
     """Write this rank's local shards (and optimizer state) in the project's shard format.
 
@@ -336,6 +398,9 @@ def write_rank_shards(
         tag: A label every rank of one save must share (a step number, a run id); readers
             refuse parts with different tags.
         durable: Fsync files and directories.
+        hash_algorithm: The checksum each part records for its data file, computed as it is
+            written: ``sha256``, ``xxh3-128`` or ``auto`` (``xxh3-128`` when ``xxhash`` is
+            installed).
 
     Returns:
         The files written and how much.
@@ -345,6 +410,7 @@ def write_rank_shards(
             a non-tensor value is not JSON-serialisable.
     """
     started = time.perf_counter()
+    algorithm = resolve(hash_algorithm)
     if not 0 <= rank < world_size:
         raise ConsolidationError(f"rank {rank} is outside world size {world_size}")
     directory = Path(out_dir)
@@ -375,7 +441,7 @@ def write_rank_shards(
             local = locals_[row.name].detach()
             yield tensor_bytes(local if local.device.type == "cpu" else local.cpu())
 
-        data, part, size = _write_kind(
+        data, part, listed = _write_kind(
             directory,
             kind,
             rank,
@@ -385,10 +451,11 @@ def write_rank_shards(
             extras=extras,
             tag=tag,
             durable=durable,
+            algorithm=algorithm,
         )
         files += [data, part]
         tensors += len(rows)
-        written += size
+        written += listed["size"]
     return RankShardsResult(tuple(files), tensors, written, time.perf_counter() - started)
 
 
@@ -529,6 +596,7 @@ class ShardsCheckpoint(ShardedCheckpoint):
         self._boxes: list[list[Box]] = [[] for _ in range(world_size)]
         self._offsets: list[array[int]] = [array("q") for _ in range(world_size)]
         self._shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._shared_boxes: dict[Box, Box] = {}
         try:
             listed = self._merged(world_size)
             missing = [r for r in range(world_size) if not self._part_path(r).is_file()]
@@ -653,13 +721,18 @@ class ShardsCheckpoint(ShardedCheckpoint):
         t = tuple(int(v) for v in values)
         return self._shared.setdefault(t, t)
 
+    def _share_box(self, offsets: Any, sizes: Any) -> Box:
+        # Thousands of rows hold a handful of distinct regions: keep one tuple of each.
+        box = (self._share(offsets), self._share(sizes))
+        return self._shared_boxes.setdefault(box, box)
+
     def _add(self, raw: Any, rank: int, where: Path) -> tuple[int, Box]:
         """Check one index row and register it; returns its tensor and this rank's region."""
         try:
             name, dtype_name, shape, offsets, sizes, placement = raw
             dtype = DTYPES_BY_NAME[dtype_name]
             shape_t = self._share(shape)
-            box = (self._share(offsets), self._share(sizes))
+            box = self._share_box(offsets, sizes)
         except (ValueError, TypeError, KeyError) as exc:
             raise ShardError(where, f"malformed index row {str(raw)[:200]} ({exc})") from exc
         name = str(name)
@@ -758,8 +831,7 @@ class ShardsCheckpoint(ShardedCheckpoint):
         return dict(self._extras)
 
     def placement(self, name: str) -> tuple[Any | None, str]:
-        placement = self._placements[self._index[name]]
-        return (Replicate() if placement == "R" else Shard(int(placement[1:]))), "cpu"
+        return _placement_of(self._placements[self._index[name]]), "cpu"
 
     def segments(self, name: str, box: Box | None = None) -> list[Segment]:
         t = self._index[name]
@@ -776,6 +848,13 @@ class ShardsCheckpoint(ShardedCheckpoint):
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+        self._index, self._specs, self._placements = {}, [], []
+        self._pos, self._rows, self._boxes, self._offsets = [], [], [], []
+
+
+@functools.cache
+def _placement_of(placement: str) -> Any:
+    return Replicate() if placement == "R" else Shard(int(placement[1:]))
 
 
 def _check_listed(
@@ -784,7 +863,7 @@ def _check_listed(
     """A part must be the one the merged index vouched for."""
     if listed.get("index_sha256") != part_sha:
         raise ShardError(where, "index part differs from the one the merged index lists")
-    for field_name in ("file", "size", "sha256"):
+    for field_name in ("file", "size", *_CHECKSUM):
         if listed.get(field_name) != meta.get(field_name):
             raise ShardError(
                 where, f"{field_name} {meta.get(field_name)!r} differs from the merged index"
@@ -869,7 +948,7 @@ def finalize_rank_shards(
 ) -> list[Path]:
     """Check every rank's files together and write the merged index (rank 0, after a barrier).
 
-    The merged index lists each rank's index part and data file with their sizes and sha256,
+    The merged index lists each rank's index part (sha256) and data file (size, checksum),
     written only after the parts were checked to agree and to tile every tensor: its presence
     says the save is complete. Returns the merged index files written, one per kind present.
 
@@ -877,7 +956,7 @@ def finalize_rank_shards(
         ShardError: A rank's files are missing or disagree with the others (nothing is written).
     """
     directory = Path(out_dir)
-    done: list[tuple[Path, dict[str, Any]]] = []
+    done: list[tuple[str, str | None, int, list[dict[str, Any]]]] = []
     for kind in KINDS:
         if not any(
             (directory / part_file_name(kind, world_size, r)).is_file() for r in range(world_size)
@@ -894,30 +973,40 @@ def finalize_rank_shards(
             meta, rows, digest = _read_part(part)
             for _ in rows:  # the digest is complete once the rows are read
                 pass
-            ranks.append(
-                {
-                    "rank": rank,
-                    "index": part.name,
-                    "index_sha256": digest.hexdigest(),
-                    "file": meta["file"],
-                    "size": meta["size"],
-                    "sha256": meta["sha256"],
-                }
-            )
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "kind": kind,
-            "world_size": world_size,
-            "tag": tag,
-            "tensors": count,
-            "ranks": ranks,
-        }
-        done.append((merged, doc))
+            listed = {"rank": rank, "index": part.name, "index_sha256": digest.hexdigest()}
+            ranks.append(listed | {k: meta.get(k) for k in ("file", *_CHECKSUM)})
+        done.append((kind, tag, count, ranks))
     if not done:
         raise ShardError(directory, f"no shards of world size {world_size} to finalize")
-    for path, doc in done:
-        fs.atomic_write_json(path, doc, durable=durable)
-    return [path for path, _ in done]
+    return [
+        _write_merged(
+            directory, kind, world_size, tag=tag, count=count, ranks=ranks, durable=durable
+        )
+        for kind, tag, count, ranks in done
+    ]
+
+
+def _write_merged(
+    directory: Path,
+    kind: str,
+    world_size: int,
+    *,
+    tag: str | None,
+    count: int,
+    ranks: list[dict[str, Any]],
+    durable: bool,
+) -> Path:
+    path = directory / index_file_name(kind, world_size)
+    doc = {
+        "format": FORMAT,
+        "kind": kind,
+        "world_size": world_size,
+        "tag": tag,
+        "tensors": count,
+        "ranks": ranks,
+    }
+    fs.atomic_write_json(path, doc, durable=durable)
+    return path
 
 
 # ----------------------------------------------------------------------------------- loading
@@ -1031,6 +1120,7 @@ def reshard_to_shards(
     lora_only: bool,
     optimizer: bool = False,
     durable: bool = True,
+    hash_algorithm: str = AUTO,
 ) -> int:
     """Write ``model`` (and, if ``optimizer``, its optimizer state) for ``world_size`` ranks.
 
@@ -1039,6 +1129,7 @@ def reshard_to_shards(
     number of tensors per rank set.
     """
     count = 0
+    algorithm = resolve(hash_algorithm)
     for kind in ("model", "optim") if optimizer else ("model",):
         ckpt = (
             model if kind == "model" else ShardsCheckpoint(model.path, model.world_size, kind=kind)
@@ -1051,26 +1142,16 @@ def reshard_to_shards(
         if not specs:
             raise ConsolidationError(f"{ckpt.path}: nothing to reshard")
         count += len(specs)
-        layout = {s.name: ckpt.placement(s.name)[0] for s in specs}
         tag = getattr(ckpt, "tag", None)
         extras = _jsonable(ckpt.extras(), f"{ckpt.path}: non-tensor entries")
+        listed: list[dict[str, Any]] = []
         for rank in range(world_size):
-            rows: list[_Row] = []
-            for spec in specs:
-                placement = layout[spec.name]
-                if isinstance(placement, Shard) and spec.shape:
-                    box, _ = shard_box(
-                        spec.shape, (world_size,), (rank,), (placement,), where=ckpt.path,
-                        key=spec.name,
-                    )  # fmt: skip
-                    rows.append(_Row(spec.name, spec.dtype, spec.shape, box, f"S{placement.dim}"))
-                elif rank == 0:
-                    rows.append(_Row(spec.name, spec.dtype, spec.shape, whole(spec.shape), "R"))
+            rows = _TargetRows(ckpt, specs, rank, world_size)
 
             def produce(row: _Row, ckpt: ShardedCheckpoint = ckpt) -> Iterator[Segment]:
                 yield from ckpt.segments(row.name, row.box)
 
-            _write_kind(
+            _, _, entry = _write_kind(
                 staging,
                 kind,
                 rank,
@@ -1080,8 +1161,12 @@ def reshard_to_shards(
                 extras=extras,
                 tag=tag,
                 durable=durable,
+                algorithm=algorithm,
             )
-        if ckpt is not model:
-            ckpt.close()
-    finalize_rank_shards(staging, world_size, durable=durable)
+            listed.append(entry)
+        ckpt.close()  # the model's tables too: only one kind's index is held at a time
+        # Every region was computed here, so the parts tile each tensor by construction.
+        _write_merged(
+            staging, kind, world_size, tag=tag, count=len(specs), ranks=listed, durable=durable
+        )
     return count
