@@ -154,14 +154,14 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
         time.sleep(0.2)
 
 
-def mean_batch_size(url: str) -> float:
-    """Requests per generate call so far, from the server's ``maze_serving_batch_size``."""
+def batch_totals(url: str) -> tuple[float, float]:
+    """Requests and generate calls so far, from the server's ``maze_serving_batch_size``."""
     values: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         for key in ("maze_serving_batch_size_sum", "maze_serving_batch_size_count"):
             if line.startswith(key + " "):
                 values[key] = float(line.split()[1])
-    return values["maze_serving_batch_size_sum"] / max(values["maze_serving_batch_size_count"], 1)
+    return values["maze_serving_batch_size_sum"], values["maze_serving_batch_size_count"]
 
 
 Row = tuple[str, int, float, float, float]
@@ -192,6 +192,8 @@ def main() -> None:
             }
             walls: dict[tuple[str, int], float] = {}
             lats: dict[tuple[str, int], list[float]] = {}
+            batched: dict[str, float] = {}  # requests and generate calls at c=8
+            calls: dict[str, float] = {}
             names = list(servers)
             for r in range(args.rounds):
                 # c=1: requests alternate between the servers, so drift hits both alike.
@@ -203,10 +205,13 @@ def main() -> None:
                     lats.setdefault((name, 1), []).extend(lat)
                 # c=8: whole runs alternate, in the other order every round.
                 for name in names if r % 2 == 0 else names[::-1]:
+                    before = batch_totals(servers[name][1])
                     wall, lat = asyncio.run(drive(servers[name][1], body, args.requests, 8))
+                    after = batch_totals(servers[name][1])
                     walls[name, 8] = walls.get((name, 8), 0.0) + wall
                     lats.setdefault((name, 8), []).extend(lat)
-            batch = mean_batch_size(servers["batching on"][1])
+                    batched[name] = batched.get(name, 0.0) + after[0] - before[0]
+                    calls[name] = calls.get(name, 0.0) + after[1] - before[1]
             base = baseline(model_dir, messages, args.requests, args.tokens)
         finally:
             for proc, _ in servers.values():
@@ -239,7 +244,8 @@ def main() -> None:
     on1, off1 = by["maze-serve, batching on", 1], by["maze-serve, batching off", 1]
     print(
         f"batching on/off: throughput at c=8 x{on8[0] / off8[0]:.2f}; p50 at c=1 x{on1[1] / off1[1]:.2f}; "
-        f"mean batch size {batch:.2f}"
+        f"requests per generate call at c=8: on {batched['batching on'] / calls['batching on']:.2f}, "
+        f"off {batched['batching off'] / calls['batching off']:.2f}"
     )
 
 

@@ -6,7 +6,9 @@ each sampled row's token itself: temperature and top-p through the same warpers 
 uses, then ``torch.multinomial`` with the request's own ``torch.Generator`` seeded by its seed.
 A request therefore draws what ``generate(do_sample=True)`` under ``torch.manual_seed(seed)``
 draws, alone or in a batch. :class:`_RowStop` ends each row at its own ``max_tokens``, on EOS
-or when it is cancelled; :class:`_RowSink` streams each row's tokens to its own callback.
+or when it is cancelled, and hands a finished row's result over at once (unless it asked for
+log-probs, which need the logits ``generate`` returns at the end); :class:`_RowSink` streams
+each row's tokens to its own callback.
 
 Rows of different lengths are left-padded. The model's float results then depend on the batch
 shape (BLAS picks kernels by row count), at the level of float rounding: log-probs agree to

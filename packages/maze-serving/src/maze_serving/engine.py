@@ -396,7 +396,7 @@ class ServingEngine:
 
     def require_ready(self) -> None:
         if self.status == "loading":
-            raise NotReadyError("model is still loading", retry_after=2)
+            raise NotReadyError("model is still loading", retry_after=LOADING_RETRY_AFTER_S)
         if self.status == "failed":
             raise NotReadyError(f"model failed to load: {self.load_error}")
 
@@ -502,14 +502,14 @@ class ServingEngine:
             )
             for item in items
         ]
-        ctx: AbstractContextManager[Any] = nullcontext()
-        if self._peft is not None:
-            if adapter is None:
-                ctx = self._peft.disable_adapter()
-            else:
-                self._peft.set_adapter(adapter)
         model: Any = self._peft if self._peft is not None else self._base_model
         try:
+            ctx: AbstractContextManager[Any] = nullcontext()
+            if self._peft is not None:
+                if adapter is None:
+                    ctx = self._peft.disable_adapter()
+                else:
+                    self._peft.set_adapter(adapter)
             with ctx:
                 results = generate_rows(policy, model, rows)
         except Exception as exc:  # the shared call failed: its unanswered requests get the error
