@@ -324,8 +324,12 @@ def test_submit_to_hyperpod_without_its_package_is_one_line_and_exit_5() -> None
     )
 
 
-def test_plot_redraws_the_curves_from_metrics_jsonl(tmp_path: Path) -> None:
+def test_plot_redraws_the_curves_from_metrics_jsonl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from PIL import Image
+
+    from maze_trainer import cli
 
     rows = [{"global_step": 0, "eval/all/pass_at_1": 0.5}]
     rows += [
@@ -340,12 +344,13 @@ def test_plot_redraws_the_curves_from_metrics_jsonl(tmp_path: Path) -> None:
     assert proc.stdout.strip() == str(tmp_path / "curves.png")
     with Image.open(tmp_path / "curves.png") as im:
         assert im.format == "PNG" and im.width > 800 and im.height > 500
+    monkeypatch.setattr(cli, "_quiet_skyrl_logs", lambda: None)  # SkyRL's loguru, this process
     out = tmp_path / "elsewhere" / "c.png"
-    assert run("plot", str(tmp_path), "--out", str(out), config=None).returncode == 0
+    assert cli.main(["plot", str(tmp_path), "--out", str(out)]) == 0
     assert out.is_file()
-    missing = run("plot", str(tmp_path / "nope"), config=None)
-    assert missing.returncode == 2
-    assert missing.stderr.strip() == (
+    capsys.readouterr()
+    assert cli.main(["plot", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == (
         f"maze-train: {tmp_path / 'nope' / 'metrics.jsonl'}: cannot read the metrics file: "
         "No such file or directory"
     )

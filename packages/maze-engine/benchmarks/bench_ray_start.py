@@ -1,13 +1,16 @@
 """Ray rollout workers' start: time to the first rollout beside ``ray.init`` alone.
 
     uv run python packages/maze-engine/benchmarks/bench_ray_start.py [--rounds 2] [--workers 2]
+        [--compare-uv-hook]
 
 Run it under ``uv run`` (not ``--no-sync``) to see what the trainer sees under ``uv run``: there
 Ray's uv integration would start every worker with ``uv run`` inside a shipped copy of the
 project. Each round, in one process: ``ray.init`` alone (the engine's options) and shut down;
-then the engine's :class:`~maze_engine.trainer.Rollouts` (``ray.init`` + the worker actors,
-each loading the tiny model) up to the first finished rollout, and shut down. Also printed:
-where the workers' Python is and whether Ray shipped a working_dir package.
+then the engine's :class:`~maze_engine.trainer.Rollouts` (``init_ray`` + the worker actors,
+each loading the tiny model) up to the first finished rollout, and shut down. With
+``--compare-uv-hook`` each round also times the same start with Ray's uv integration left on
+(what the engine did before ``init_ray``: the project shipped, each worker under ``uv run``).
+Also printed: where the workers' Python is and whether Ray shipped a working_dir package.
 """
 
 from __future__ import annotations
@@ -46,11 +49,64 @@ def _worker_facts(rollouts: Any) -> tuple[str, str]:
     return ray.get(ray.remote(num_cpus=0)(facts).remote())
 
 
+_HOOK_CHILD = """
+import json, logging, sys, tempfile, time
+from pathlib import Path
+import ray
+from maze_engine.config import load_config
+from maze_engine.trainer import Rollouts, prepare_data
+from maze_engine.workers import lora_config_from_skyrl
+from maze_policy.model import TinyVLMConfig, build_tiny_vlm
+sys.path.insert(0, sys.argv[2])
+from bench_ray_start import _first_rollout, _worker_facts
+with tempfile.TemporaryDirectory() as tmp:
+    run = Path(tmp)
+    cfg = load_config("tiny_local", [f"trainer.export_path={run}", f"local.rollout_workers={sys.argv[1]}"])
+    rows = prepare_data(cfg).validation
+    build_tiny_vlm(run / "model", seed=0, config=TinyVLMConfig(**cfg.local.tiny_model))
+    (run / "sync").mkdir()
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    lora = lora_config_from_skyrl(cfg.skyrl.trainer.policy.model.lora)
+    rollouts = Rollouts(run / "model", lora, cfg.local, run / "sync")
+    _first_rollout(rollouts, rows)
+    took = time.perf_counter() - t0
+    where = _worker_facts(rollouts)[0]
+    rollouts.close()
+    ray.shutdown()
+print(json.dumps([took, where]))
+"""
+
+
+def _hook_round(workers: int) -> tuple[float, str]:
+    """One start with Ray's uv integration on, in a fresh ``uv run`` driver."""
+    import json
+    import subprocess
+
+    here = str(Path(__file__).resolve().parent)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_UV_RUN_RUNTIME_ENV"}
+    out = subprocess.run(
+        ["uv", "run", "python", "-c", _HOOK_CHILD, str(workers), here],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=900,
+    )
+    took, where = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(took), str(where)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print ``ray.init`` alone and time to first rollout, per round and median."""
     p = argparse.ArgumentParser(description="time to first rollout beside ray.init alone")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--compare-uv-hook",
+        action="store_true",
+        help="also time the start with Ray's uv integration on (needs `uv`; syncs as `uv run`)",
+    )
     args = p.parse_args(argv)
 
     import ray
@@ -75,8 +131,17 @@ def main(argv: list[str] | None = None) -> int:
 
         init_s: list[float] = []
         first_s: list[float] = []
+        hook_s: list[float] = []
         facts = ("?", "?")
+        hook_facts = ("?", "?")
         for r in range(args.rounds):
+            if args.compare_uv_hook:
+                # The engine's start as it was (Ray's uv integration on), in its own `uv run`
+                # process: a second Ray session in one driver after such a one can hang.
+                t_hook, where = _hook_round(args.workers)
+                hook_s.append(t_hook)
+                hook_facts = (where, "")
+                print(f"round {r + 1}: with the uv hook, first rollout {t_hook:.2f} s")
             t0 = time.perf_counter()
             init_ray()
             init_s.append(time.perf_counter() - t0)
@@ -103,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ray.init alone':<40}{mi:>10.2f}")
     print(f"{'time to first rollout (init + actors)':<40}{mf:>10.2f}  (target <= 5 s)")
     print(f"{'of which actors + first rollout':<40}{mf - mi:>10.2f}")
+    if hook_s:
+        mh = statistics.median(hook_s)
+        print(f"{'before: with the uv hook (shipped)':<40}{mh:>10.2f}  ({mh / mf:.1f}x)")
+        print(f"  its workers' python: {hook_facts[0]}")
     return 0
 
 
