@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -17,9 +18,11 @@ from moto.server import ThreadedMotoServer
 
 from weight_sync import (
     AdapterStore,
+    BackgroundMirror,
     MirrorError,
     S3Mirror,
     VerificationError,
+    parse_s3_uri,
 )
 from weight_sync.cli import main as cli_main
 from weight_sync.synthetic import adapter_files, tiny
@@ -143,3 +146,95 @@ def test_cli_push_and_pull(
     assert (cache / "v000000001" / "manifest.json").exists()
     assert cli_main(["s3-pull", "--cache", str(cache), *common, "9"]) == 1
     assert "no such object" in capsys.readouterr().err
+
+
+def _tree(root: Path) -> Path:
+    (root / "policy").mkdir(parents=True)
+    (root / "policy" / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 1000)
+    (root / "trainer_state.json").write_text("{}")
+    (root / "manifest.json").write_text('{"files": {}}')
+    return root
+
+
+def test_background_mirror_uploads_trees_manifest_last(s3: Any, tmp_path: Path):
+    order: list[str] = []
+
+    class Recording:
+        def upload_file(self, filename: str, bucket: str, key: str) -> None:
+            order.append(key)
+            s3.upload_file(filename, bucket, key)
+
+    mirror = BackgroundMirror(f"s3://{s3.test_bucket}/runs/r1/ckpt", client_factory=Recording)
+    mirror.submit(_tree(tmp_path / "global_step_2"))
+    mirror.submit(_tree(tmp_path / "global_step_4"))
+    stats = mirror.close(timeout=30)
+    assert (stats.uploaded, stats.failures, stats.pending) == (2, 0, 0)
+    assert order[:3] == [
+        "runs/r1/ckpt/global_step_2/policy/model_world_size_1_rank_0.pt",
+        "runs/r1/ckpt/global_step_2/trainer_state.json",
+        "runs/r1/ckpt/global_step_2/manifest.json",
+    ]
+    body = s3.get_object(Bucket=s3.test_bucket, Key=order[0])["Body"].read()
+    assert body == b"w" * 1000
+    with pytest.raises(MirrorError, match="closed"):
+        mirror.submit(tmp_path)
+
+
+def test_background_mirror_retries_a_missing_bucket_without_raising(s3: Any, tmp_path: Path):
+    logged: list[str] = []
+    bucket = s3.test_bucket + "-late"
+    mirror = BackgroundMirror(
+        f"s3://{bucket}/ckpt",
+        client_factory=lambda: s3,
+        retry_initial_s=0.05,
+        retry_max_s=0.2,
+        log=logged.append,
+    )
+    mirror.submit(_tree(tmp_path / "global_step_1"))
+    for _ in range(200):  # the bucket does not exist yet: attempts fail and are counted
+        if mirror.stats().failures >= 2:
+            break
+        time.sleep(0.05)
+    stats = mirror.stats()
+    assert stats.failures >= 2 and stats.uploaded == 0 and stats.pending == 1
+    assert "NoSuchBucket" in stats.last_error
+    assert "global_step_1" in logged[0] and "retrying" in logged[0]
+    s3.create_bucket(Bucket=bucket)  # the operator fixes the bucket: the next retry lands
+    stats = mirror.close(timeout=30)
+    assert (stats.uploaded, stats.pending) == (1, 0)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "ckpt/global_step_1/manifest.json" in keys
+
+
+def test_background_mirror_to_an_unreachable_endpoint_gives_up_only_at_close(tmp_path: Path):
+    from botocore.config import Config
+
+    port = _free_port()  # nothing listens there
+
+    def client() -> Any:
+        return cast(Any, boto3.client)(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+            config=Config(connect_timeout=0.5, retries={"max_attempts": 1}),
+        )
+
+    logged: list[str] = []
+    mirror = BackgroundMirror(
+        "s3://b/p", client_factory=client, retry_initial_s=0.05, log=logged.append
+    )
+    mirror.submit(_tree(tmp_path / "global_step_3"))
+    stats = mirror.close(timeout=1.0)
+    assert stats.failures >= 1 and stats.uploaded == 0 and stats.pending == 1
+    assert "Could not connect" in stats.last_error
+    assert logged[-1].endswith("not mirrored to s3://b/p before closing: global_step_3")
+
+
+def test_s3_uris_are_checked() -> None:
+    assert parse_s3_uri("s3://bucket/a/b/") == ("bucket", "a/b")
+    assert parse_s3_uri("s3://bucket") == ("bucket", "")
+    for bad in ("bucket/a", "s3:///a", "https://bucket/a"):
+        with pytest.raises(MirrorError):
+            parse_s3_uri(bad)

@@ -184,7 +184,10 @@ class LocalConfig:
     tensorboard: bool = True
     progress: bool = True
     ckpt_s3_uri: str | None = None
-    """Mirror each checkpoint to ``s3://bucket/prefix`` (boto3; honours AWS_ENDPOINT_URL)."""
+    """Mirror each checkpoint and the final adapter to ``s3://bucket/prefix`` (boto3; honours
+    AWS_ENDPOINT_URL). Uploads run beside training; failures are logged, counted and retried."""
+    ckpt_s3_drain_s: float = 120.0
+    """At the end of a run, how long to wait for mirror uploads still queued or retrying."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``local.*`` key with a bad value."""
@@ -197,9 +200,14 @@ class LocalConfig:
         self.warm_start.validate()
         self.perception.validate()
         if self.ckpt_s3_uri is not None:
-            from maze_engine.s3_mirror import parse_s3_uri
+            from weight_sync import MirrorError, parse_s3_uri
 
-            parse_s3_uri(self.ckpt_s3_uri)
+            try:
+                parse_s3_uri(self.ckpt_s3_uri)
+            except MirrorError as exc:
+                raise ConfigError(str(exc), key=f"{LOCAL_KEY}.ckpt_s3_uri") from None
+        if self.ckpt_s3_drain_s < 0:
+            raise ConfigError("must be >= 0 seconds", key=f"{LOCAL_KEY}.ckpt_s3_drain_s")
         if self.tiny_model:
             from maze_policy.model import TinyVLMConfig
 

@@ -51,7 +51,7 @@ from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entr
 from maze_policy.rollout import Episode, run_episodes
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
-from weight_sync import fs
+from weight_sync import BackgroundMirror, fs
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -441,6 +441,9 @@ class Trainer:
             self.run_dir / "tensorboard" if local.tensorboard else None,
             local.prometheus_port,
         )
+        self.mirror: BackgroundMirror | None = None
+        if local.ckpt_s3_uri:
+            self.mirror = BackgroundMirror(local.ckpt_s3_uri, log=say)
         self.rollouts = Rollouts(self.model_dir, self.lora_cfg, local, self.sync_root)
 
     # ----- state --------------------------------------------------------------------------
@@ -468,11 +471,24 @@ class Trainer:
             self.global_step,
             lambda d: write_train_state(d, state, adapter_config=adapter_config),
         )
-        if self.config.local.ckpt_s3_uri:
-            from maze_engine.s3_mirror import mirror_checkpoint
-
-            mirror_checkpoint(ckpt.path, self.config.local.ckpt_s3_uri)
+        if self.mirror is not None:
+            self.mirror.submit(ckpt.path)  # complete and verified on disk: safe to copy
         return ckpt
+
+    def mirror_metrics(self) -> dict[str, float]:
+        """The S3 mirror's counts as metrics (none without a mirror); kept out of the history.
+
+        They depend on the network's timing, so they are logged but never checkpointed: a
+        resumed run's history stays what an uninterrupted one's is.
+        """
+        if self.mirror is None:
+            return {}
+        s = self.mirror.stats()
+        return {
+            "mirror/s3_uploaded": float(s.uploaded),
+            "mirror/s3_failures": float(s.failures),
+            "mirror/s3_pending": float(s.pending),
+        }
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         """Restore weights, optimizer, RNGs, data position and history from ``ckpt``."""
@@ -692,7 +708,7 @@ class Trainer:
                 m["timing/save_checkpoint"] = time.perf_counter() - t0
             else:
                 self.history.append({"global_step": float(self.global_step), **m})
-            self.metrics.log(self.global_step, m)
+            self.metrics.log(self.global_step, {**m, **self.mirror_metrics()})
             if "eval/all/pass_at_1" in m:
                 self.draw_curves()
             if bar is not None:
@@ -719,6 +735,8 @@ class Trainer:
         # Swapped in by rename, so a reader never sees a half copy.
         with fs.staged_dir(final) as staging:
             shutil.copytree(latest.path, staging, dirs_exist_ok=True)
+        if self.mirror is not None:
+            self.mirror.submit(final)
         report_file = self.model_dir / "sft_report.json"
         report: dict[str, Any] = (
             json.loads(report_file.read_text()) if report_file.is_file() else {}
@@ -736,8 +754,15 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Stop the rollout workers and flush the metrics."""
+        """Stop the rollout workers, drain the S3 mirror (bounded), flush the metrics."""
         self.rollouts.close()
+        if self.mirror is not None:
+            s = self.mirror.close(timeout=self.config.local.ckpt_s3_drain_s)
+            self.metrics.log(self.global_step, self.mirror_metrics())
+            self.say(
+                f"s3 mirror {self.mirror.uri}: {s.uploaded} uploaded, {s.failures} failed "
+                f"attempts, {s.pending} not mirrored"
+            )
         self.metrics.close()
 
 

@@ -15,12 +15,13 @@ from weight_sync.errors import (
 )
 from weight_sync.manifest import FileEntry, Manifest, Pointer
 from weight_sync.notify import notify_vllm
-from weight_sync.s3 import S3Mirror
+from weight_sync.s3 import BackgroundMirror, MirrorStats, S3Mirror, parse_s3_uri, upload_tree
 from weight_sync.store import AdapterStore, GcReport, Lease, LeaseInfo, PublishedVersion
 from weight_sync.subscriber import Subscriber
 
 __all__ = [
     "AdapterStore",
+    "BackgroundMirror",
     "FileEntry",
     "GcReport",
     "InvalidAdapterError",
@@ -29,6 +30,7 @@ __all__ = [
     "LeaseInfo",
     "Manifest",
     "MirrorError",
+    "MirrorStats",
     "NotifyError",
     "Pointer",
     "PublishedVersion",
@@ -42,4 +44,6 @@ __all__ = [
     "WeightSyncError",
     "fs",
     "notify_vllm",
+    "parse_s3_uri",
+    "upload_tree",
 ]

@@ -1,5 +1,8 @@
 """``S3Mirror``: copy published versions to S3 and back into a verified local cache.
 
+``BackgroundMirror`` copies any finished directory (a checkpoint, an adapter) on a thread of its
+own, retrying failures without ever raising into the caller.
+
 Key layout mirrors the store: ``<prefix>/versions/v000000123/<file>`` (manifest uploaded
 after the files) and ``<prefix>/latest`` (uploaded last, only ever moved forward).
 """
@@ -7,10 +10,15 @@ after the files) and ``<prefix>/latest`` (uploaded last, only ever moved forward
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +30,7 @@ from weight_sync.manifest import MANIFEST_NAME, Manifest, Pointer, version_dir_n
 from weight_sync.store import LATEST, PublishedVersion
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_LOG = logging.getLogger("weight_sync.s3")
 
 
 class S3Mirror:
@@ -180,3 +189,167 @@ class S3Mirror:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return result
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix``.
+
+    Raises:
+        MirrorError: ``uri`` is not an ``s3://`` URI with a bucket.
+    """
+    if not uri.startswith("s3://"):
+        raise MirrorError(f"must look like s3://bucket/prefix, got {uri!r}")
+    bucket, _, prefix = uri[5:].partition("/")
+    if not bucket:
+        raise MirrorError(f"has no bucket: {uri!r}")
+    return bucket, prefix.strip("/")
+
+
+def _default_client() -> Any:
+    try:
+        import boto3  # optional extra
+    except ImportError as exc:
+        raise MirrorError("the S3 mirror needs boto3: pip install 'weight-sync[s3]'") from exc
+    return cast(Any, boto3.client("s3"))
+
+
+def upload_tree(client: Any, bucket: str, prefix: str, root: Path) -> list[str]:
+    """Upload every file under ``root`` to ``prefix/<root name>/<path>``; return the keys.
+
+    A ``manifest.json`` anywhere in the tree goes after every other file, so a reader of the
+    bucket can tell a complete copy (manifest present) from an interrupted one.
+
+    Raises:
+        MirrorError: A transport, permission or bucket error, or a file that cannot be read.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == MANIFEST_NAME)  # stable: manifests last, in path order
+    keys: list[str] = []
+    try:
+        for f in files:
+            key = "/".join(x for x in (prefix, root.name, f.relative_to(root).as_posix()) if x)
+            client.upload_file(str(f), bucket, key)
+            keys.append(key)
+    except (BotoCoreError, ClientError) as exc:
+        raise MirrorError(f"upload of {root} to s3://{bucket}/{prefix}: {exc}") from None
+    except OSError as exc:
+        raise MirrorError(f"upload of {root}: {exc}") from exc
+    return keys
+
+
+@dataclass(frozen=True)
+class MirrorStats:
+    """What a :class:`BackgroundMirror` has done: uploads, failed attempts, trees still queued."""
+
+    uploaded: int
+    failures: int
+    pending: int
+    last_error: str
+
+
+class BackgroundMirror:
+    """Copies finished directories (checkpoints, adapters) to S3 on a thread of its own.
+
+    Submit a directory once it is complete and safe on the shared filesystem. Uploads run in
+    submission order; a failed upload (unreachable endpoint, missing bucket, no credentials, no
+    boto3) is logged, counted in :meth:`stats` and retried with exponential backoff, and never
+    raises into the caller: losing the mirror must not stop training. :meth:`close` waits a
+    bounded time for the queue to drain and logs whatever it leaves behind.
+
+    ``client_factory`` builds the boto3 client on the mirror's thread (default:
+    ``boto3.client("s3")``, so credentials and endpoint come from the environment); a factory
+    that raises is retried like a failed upload.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        client_factory: Callable[[], Any] | None = None,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 60.0,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.uri = uri
+        self._factory = client_factory or _default_client
+        self._client: Any = None
+        self._retry = (retry_initial_s, retry_max_s)
+        self._log = log or _LOG.warning
+        self._queue: deque[Path] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._abandon = False  # set by close() once its wait is over
+        self._busy = False
+        self._uploaded = 0
+        self._failures = 0
+        self._last_error = ""
+        self._thread = threading.Thread(target=self._run, name="s3-mirror", daemon=True)
+        self._thread.start()
+
+    def submit(self, root: Path) -> None:
+        """Queue ``root`` (a finished directory) for upload under ``prefix/<root name>/``."""
+        with self._cond:
+            if self._stop:
+                raise MirrorError(f"mirror to {self.uri} is closed")
+            self._queue.append(Path(root))
+            self._cond.notify_all()
+
+    def stats(self) -> MirrorStats:
+        """Counts so far (``pending`` includes an upload in progress)."""
+        with self._cond:
+            pending = len(self._queue) + int(self._busy)
+            return MirrorStats(self._uploaded, self._failures, pending, self._last_error)
+
+    def _run(self) -> None:
+        delay = self._retry[0]
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue) or self._stop)
+                if not self._queue or self._abandon:
+                    return
+                root = self._queue[0]
+                self._busy = True
+            try:
+                if self._client is None:
+                    self._client = self._factory()
+                upload_tree(self._client, self.bucket, self.prefix, root)
+            except Exception as exc:  # any failure is retried: the mirror never stops a run
+                with self._cond:
+                    self._failures += 1
+                    self._last_error = f"{type(exc).__name__}: {exc}"
+                    self._busy = False
+                self._log(
+                    f"s3 mirror: {root.name} to {self.uri} failed ({self._last_error}); "
+                    f"retrying in {delay:.0f} s"
+                )
+                with self._cond:  # close() cuts the wait short
+                    self._cond.wait_for(lambda: self._abandon, timeout=delay)
+                delay = min(delay * 2, self._retry[1])
+                continue
+            delay = self._retry[0]
+            with self._cond:
+                self._queue.popleft()
+                self._uploaded += 1
+                self._busy = False
+                self._cond.notify_all()
+
+    def close(self, timeout: float = 60.0) -> MirrorStats:
+        """Stop taking work, wait up to ``timeout`` s for the queue to drain, then stop.
+
+        Directories still queued are logged by name (they remain on the shared filesystem).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._queue, timeout=max(0.0, timeout))
+            left = [p.name for p in self._queue]
+            self._abandon = True
+            self._cond.notify_all()
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+        if left:
+            self._log(f"s3 mirror: not mirrored to {self.uri} before closing: {', '.join(left)}")
+        return self.stats()
