@@ -105,3 +105,48 @@ def test_one_python_floor_everywhere() -> None:
     assert (ROOT / ".python-version").read_text().strip() == PYTHON_FLOOR
     floors = {m.name: _meta(m)["requires-python"] for m in MEMBERS}
     assert floors == dict.fromkeys(floors, f">={PYTHON_FLOOR}")
+
+
+# maze-env is taken into other projects: this is all it may bring (gymnasium's own deps included).
+MAZE_ENV_DISTRIBUTIONS = {
+    "cloudpickle",
+    "farama-notifications",
+    "gymnasium",
+    "maze-env",
+    "numpy",
+    "pillow",
+    "typing-extensions",
+    "weight-sync",
+}
+
+
+def test_maze_env_alone_runs_its_readme_example(wheels: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)])
+    python = str(venv / "bin" / "python")
+    built = sorted(wheels.glob("maze_env-*.whl"))
+    _run(
+        [
+            "uv",
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            python,
+            "--find-links",
+            str(wheels),
+            str(built[0]),
+        ]
+    )
+    freeze = _run(["uv", "pip", "freeze", "--python", python])
+    names = {line.split("==")[0].split(" @ ")[0].lower() for line in freeze.splitlines() if line}
+    assert names == MAZE_ENV_DISTRIBUTIONS
+    readme = (ROOT / "packages" / "maze-env" / "README.md").read_text()
+    assert readme.index("pip install maze-env") < readme.index("## ")  # it opens with the install
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in example.splitlines() if line.strip()]) <= 10
+    (tmp_path / "example.py").write_text(example)
+    out = _run([python, "example.py"], cwd=tmp_path)
+    assert out.splitlines()[0] == "(225, 225, 3) 0.0 12"
+    assert "A" in out and "T" in out  # the ASCII maze: agent and target
+    assert (tmp_path / "maze.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
