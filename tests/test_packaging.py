@@ -150,3 +150,27 @@ def test_maze_env_alone_runs_its_readme_example(wheels: Path, tmp_path: Path) ->
     assert out.splitlines()[0] == "(225, 225, 3) 0.0 12"
     assert "A" in out and "T" in out  # the ASCII maze: agent and target
     assert (tmp_path / "maze.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_every_dependency_has_a_floor_and_siblings_one_minor_series() -> None:
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    siblings = {str(_meta(m)["name"]): Version(str(_meta(m)["version"])) for m in MEMBERS}
+    for member in MEMBERS:
+        meta = _meta(member)
+        reqs = list(cast(list[str], meta.get("dependencies", [])))
+        extras = cast(dict[str, list[str]], meta.get("optional-dependencies", {}))
+        reqs += [r for rs in extras.values() for r in rs]
+        for raw in reqs:
+            req = Requirement(raw)
+            floors = [Version(s.version) for s in req.specifier if s.operator == ">="]
+            assert floors, f"{member.name}: {raw} has no lower bound"
+            if req.name in siblings:
+                # 0.x semver: a minor bump breaks, so a sibling range stays in one minor series.
+                (floor,) = floors
+                ceiling = Version(f"{floor.major}.{floor.minor + 1}")
+                assert req.specifier == type(req.specifier)(f">={floor},<{ceiling}"), raw
+                assert req.specifier.contains(siblings[req.name]), (
+                    f"{member.name}: {raw} excludes the workspace's {req.name} {siblings[req.name]}"
+                )
