@@ -202,3 +202,37 @@ def test_follow_evaluates_each_published_version(server: ScriptedServer, tmp_pat
     assert read_records(tmp_path / "out" / "v000002.jsonl")[0].version == 2
     with Image.open(tmp_path / "out" / "series.png") as im:
         assert im.format == "PNG" and im.width > 400
+
+
+def _first_image_width(server: ScriptedServer) -> int:
+    import base64
+    import io
+
+    parts = [
+        p
+        for m in server.bodies[-1]["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+    ]
+    uri = next(p["image_url"]["url"] for p in parts if p.get("type") == "image_url")
+    with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as img:
+        return img.width
+
+
+def test_the_rendering_comes_from_the_endpoint_unless_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = ["--eval-set", "small-64", "--limit", "1", "--no-progress"]  # 7x7 mazes
+    with ScriptedServer(renderings={"oracle": 25}) as srv:
+        argv = ["--endpoint", srv.url, "--model", "oracle", *one]
+        assert main([*argv, "--out", str(tmp_path / "a.jsonl")]) == 0
+        err = capsys.readouterr().err
+        assert f"rendering: 25 px per square (listed for oracle by {srv.url}/v1/models)" in err
+        assert _first_image_width(srv) == 7 * 25
+        assert main([*argv, "--out", str(tmp_path / "b.jsonl"), "--cell-px", "32"]) == 0
+        assert "rendering: 32 px per square (--cell-px)" in capsys.readouterr().err
+        assert _first_image_width(srv) == 7 * 32
+    with ScriptedServer() as srv:  # lists no rendering: the default
+        argv = ["--endpoint", srv.url, "--model", "oracle", *one]
+        assert main([*argv, "--out", str(tmp_path / "c.jsonl")]) == 0
+        assert "rendering: 32 px per square (default: nothing recorded)" in capsys.readouterr().err

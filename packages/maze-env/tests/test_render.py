@@ -1,7 +1,9 @@
 import base64
 import io
+from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from maze_env import generate
@@ -88,3 +90,21 @@ def test_bad_cell_size_is_refused() -> None:
 
     with pytest.raises(ValueError, match="cell_px"):
         Style(cell_px=2)
+
+
+def test_rendering_records_round_trip_and_bad_ones_are_named(tmp_path: Path) -> None:
+    from maze_env import RENDERING_FILE, RenderingError, Style, read_rendering, write_rendering
+
+    assert read_rendering(tmp_path) is None  # nothing recorded
+    assert read_rendering(tmp_path / "absent.json") is None
+    path = write_rendering(tmp_path, Style(cell_px=25))
+    assert path == tmp_path / RENDERING_FILE
+    assert read_rendering(tmp_path) == Style(cell_px=25) == read_rendering(path)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mazerl_datasets.json").write_text('{"format": 2, "cell_px": 32, "train_size": 8}')
+    assert read_rendering(data) == Style(cell_px=32)  # a dataset manifest records it too
+    for bad in ('{"cell_px": "25"}', '{"cell_px": true}', '{"cell_px": 2}', "{}", "not json"):
+        path.write_text(bad)
+        with pytest.raises(RenderingError, match=RENDERING_FILE):
+            read_rendering(tmp_path)

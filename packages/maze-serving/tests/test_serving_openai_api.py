@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -147,3 +148,30 @@ def test_metrics_count_requests_tokens_and_latency(
     )
     assert value("maze_serving_active_adapter_version") == -1
     assert value("maze_serving_num_requests_running") == 0
+
+
+def test_models_list_the_rendering_an_adapter_records(
+    server: str, adapters: list[Path], tmp_path: Path
+) -> None:
+    from maze_env.render import RENDERING_FILE, Style, write_rendering
+
+    recorded = tmp_path / "recorded"
+    shutil.copytree(adapters[0], recorded)
+    write_rendering(recorded, Style(cell_px=25))
+    r = httpx.post(
+        f"{server}/v1/load_lora_adapter", json={"lora_name": "r25", "lora_path": str(recorded)}
+    )
+    assert r.status_code == 200, r.text
+    models = {m["id"]: m for m in httpx.get(f"{server}/v1/models").json()["data"]}
+    assert models[f"{BASE}:r25"]["maze_rendering"] == {"cell_px": 25}
+    assert "maze_rendering" not in models[BASE]  # the base records nothing
+    bad = tmp_path / "bad"
+    shutil.copytree(adapters[0], bad)
+    (bad / RENDERING_FILE).write_text('{"cell_px": "wide"}')
+    r = httpx.post(
+        f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)}
+    )
+    assert r.status_code == 400 and RENDERING_FILE in r.json()["error"]["message"]
+    assert (
+        httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "r25"}).status_code == 200
+    )

@@ -60,7 +60,12 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
     )
     e.add_argument("--limit", type=int, help="only the first N mazes of the set")
     e.add_argument("--seed", type=int, default=0, help="base of the per-episode sampling seeds")
-    e.add_argument("--cell-px", type=int, default=32, help="pixels per grid square (as trained)")
+    e.add_argument(
+        "--cell-px",
+        type=int,
+        default=None,
+        help="pixels per grid square (default: as the adapter or endpoint records it, else 32)",
+    )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -153,6 +158,25 @@ def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _resolve_cell_px(args: argparse.Namespace, adapter_dir: Path | None, *, ask: bool) -> int:
+    """The square size to render with (see ``maze_evaluation.rendering``), saying where from.
+
+    ``ask``: look the model up in the endpoint's ``/v1/models`` (``run``; ``follow`` reads the
+    store's newest version instead, whose model names are templates).
+    """
+    from maze_evaluation.rendering import resolve_cell_px
+
+    cell_px, where = resolve_cell_px(
+        args.cell_px,
+        adapter_dir=adapter_dir,
+        endpoint=args.endpoint if ask else None,
+        model=args.model,
+        api_key=args.api_key,
+    )
+    print(f"rendering: {cell_px} px per square ({where})", file=sys.stderr)
+    return cell_px
+
+
 def _check_backend(args: argparse.Namespace) -> None:
     if (args.model_dir is None) == (args.endpoint is None):
         raise UsageError("give exactly one backend: --model-dir DIR or --endpoint URL --model NAME")
@@ -182,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_backend(args)
     kwargs = _eval_kwargs(args)
     get_eval_set(args.eval_set)  # unknown names fail before any model loads
+    kwargs["cell_px"] = _resolve_cell_px(args, args.adapter, ask=True)
     backend = (
         _endpoint(args, args.model)
         if args.endpoint is not None
@@ -209,8 +234,12 @@ def _follow(args: argparse.Namespace) -> int:
     from weight_sync import PublishedVersion
 
     _check_backend(args)
+    from weight_sync import AdapterStore
+
     kwargs = _eval_kwargs(args)
     get_eval_set(args.eval_set)
+    latest = AdapterStore(args.sync_dir).latest() if args.sync_dir.is_dir() else None
+    kwargs["cell_px"] = _resolve_cell_px(args, None if latest is None else latest.path, ask=False)
     local: list[Any] = []
 
     def backend_for(pv: PublishedVersion) -> Any:

@@ -1,3 +1,5 @@
 """``maze-serve``: the command line that starts the ``maze_serving`` app."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("maze-server")  # one source: the pyproject's version

@@ -4,6 +4,8 @@ Streams the shards with bounded memory; optionally merges the adapter into base 
 reshards the checkpoint for another world size.
 """
 
+from importlib.metadata import version as _version
+
 from lora_consolidate.consolidate import ConsolidateResult, consolidate
 from lora_consolidate.errors import ConsolidationError, OutputExistsError, ShardError
 from lora_consolidate.merge import MergeResult, merge_adapter
@@ -15,7 +17,7 @@ from lora_consolidate.sources import (
     open_checkpoint,
 )
 
-__version__ = "0.1.0"
+__version__ = _version("lora-consolidate")  # one source: the pyproject's version
 
 __all__ = [
     "ConsolidateResult",

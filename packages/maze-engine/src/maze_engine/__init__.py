@@ -10,6 +10,8 @@ curves). The policy itself (model loading, chat encoding, sampling, rollouts) is
 Only torch-free names are exported here; import the rest by module path.
 """
 
+from importlib.metadata import version as _version
+
 from maze_engine.errors import (
     AdapterLoadError,
     CheckpointError,
@@ -22,7 +24,7 @@ from maze_engine.errors import (
     MetricsFileError,
 )
 
-__version__ = "0.1.0"
+__version__ = _version("maze-engine")  # one source: the pyproject's version
 
 __all__ = [
     "AdapterLoadError",

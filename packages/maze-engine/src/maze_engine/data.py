@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from maze_engine.errors import ConfigError, DatasetError
+from maze_env.render import DATASET_MANIFEST
 
 if TYPE_CHECKING:
     from maze_engine.config import MazerlConfig
 
 log = logging.getLogger(__name__)
 
-DATA_MANIFEST = "mazerl_datasets.json"
-"""Written next to the exported datasets: the settings they were built with."""
+DATA_MANIFEST = DATASET_MANIFEST
+"""Written next to the exported datasets: the settings they were built with (``cell_px`` among
+them, which ``maze_env.render.read_rendering`` reads)."""
 EVAL_REWARD_SPEC = "task"
 """Validation rows score 1 for a solved maze, else 0: ``eval/all/pass_at_1`` is the solve rate."""
 

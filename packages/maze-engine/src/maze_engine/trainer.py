@@ -45,6 +45,7 @@ from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink
 from maze_engine.workers import RolloutWorker, lora_config_from_skyrl
+from maze_env.render import Style, write_rendering
 from maze_policy.chat import Batch
 from maze_policy.lora import load_policy
 from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entropy
@@ -524,6 +525,8 @@ class Trainer:
                 _adapter_config(self.lora_cfg, str(self.model_dir)), indent=2, sort_keys=True
             )
         )
+        # Evaluators and servers of this adapter render mazes as its training data did.
+        write_rendering(staging, Style(cell_px=self.config.mazes.cell_px))
         published = self.store.publish(
             staging, step=self.global_step, producer="maze-engine", keep=3
         )

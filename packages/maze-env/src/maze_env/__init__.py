@@ -1,5 +1,7 @@
 """Deterministic visual 2D mazes, VisGym-compatible, usable with no RL stack."""
 
+from importlib.metadata import version as _version
+
 from maze_env.actions import (
     DIRECTION_DELTAS,
     MAX_ACTION_CHARS,
@@ -10,7 +12,7 @@ from maze_env.actions import (
     parse_action,
 )
 from maze_env.env import MazeEnv
-from maze_env.errors import EpisodeOverError, MazeEnvError
+from maze_env.errors import EpisodeOverError, MazeEnvError, RenderingError
 from maze_env.evalsets import EVAL_SETS, EvalSet, EvalSetError, get_eval_set, verify_eval_set
 from maze_env.export import ENV_CLASS
 from maze_env.game import MazeGame, StepResult
@@ -24,9 +26,19 @@ from maze_env.maze import (
     generate,
     generate_from,
 )
-from maze_env.render import QWEN3_VL_TOKEN_PX, Renderer, Style, render_ascii, render_png, render_rgb
+from maze_env.render import (
+    QWEN3_VL_TOKEN_PX,
+    RENDERING_FILE,
+    Renderer,
+    Style,
+    read_rendering,
+    render_ascii,
+    render_png,
+    render_rgb,
+    write_rendering,
+)
 
-__version__ = "0.1.0"
+__version__ = _version("maze-env")  # one source: the pyproject's version
 
 __all__ = [
     "DEFAULT_SLACK",
@@ -37,6 +49,7 @@ __all__ = [
     "MAX_ACTION_CHARS",
     "PRESETS",
     "QWEN3_VL_TOKEN_PX",
+    "RENDERING_FILE",
     "Action",
     "Direction",
     "EpisodeOverError",
@@ -51,14 +64,17 @@ __all__ = [
     "ParseFailure",
     "ParseResult",
     "Renderer",
+    "RenderingError",
     "StepResult",
     "Style",
     "generate",
     "generate_from",
     "get_eval_set",
     "parse_action",
+    "read_rendering",
     "render_ascii",
     "render_png",
     "render_rgb",
     "verify_eval_set",
+    "write_rendering",
 ]

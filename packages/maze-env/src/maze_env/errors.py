@@ -11,3 +11,7 @@ class EpisodeOverError(MazeEnvError, RuntimeError):
 
 class ExportError(MazeEnvError, RuntimeError):
     """A dataset export that cannot run, such as parquet without pyarrow installed."""
+
+
+class RenderingError(MazeEnvError, ValueError):
+    """A rendering record (``maze_rendering.json``, a dataset manifest) that cannot be read."""

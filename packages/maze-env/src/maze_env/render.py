@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from maze_env.errors import RenderingError
 from maze_env.maze import Maze, Pos
 
 RGB = tuple[int, int, int]
@@ -149,3 +153,46 @@ def render_ascii(maze: Maze, agent: Pos | None = None) -> str:
     ar, ac = maze.start if agent is None else agent
     rows[ar][ac] = "A"
     return "\n".join("".join(row) for row in rows)
+
+
+RENDERING_FILE = "maze_rendering.json"
+"""Beside an adapter: the rendering its training mazes had, so evaluation and serving match it."""
+DATASET_MANIFEST = "mazerl_datasets.json"
+"""The dataset manifest maze-engine writes beside exported datasets (it records ``cell_px``)."""
+
+
+def write_rendering(directory: str | os.PathLike[str], style: Style) -> Path:
+    """Record ``style``'s square size in ``directory/maze_rendering.json`` (atomically)."""
+    from weight_sync.fs import atomic_write_json
+
+    path = Path(directory) / RENDERING_FILE
+    atomic_write_json(path, {"cell_px": style.cell_px})
+    return path
+
+
+def read_rendering(path: str | os.PathLike[str]) -> Style | None:
+    """The rendering recorded at ``path``; None when nothing is recorded there.
+
+    ``path`` is a ``maze_rendering.json`` or a dataset manifest (``mazerl_datasets.json``), or a
+    directory holding either (an adapter directory, a dataset directory).
+
+    Raises:
+        RenderingError: The file exists but is not JSON with a valid ``cell_px``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = next((p / n for n in (RENDERING_FILE, DATASET_MANIFEST) if (p / n).is_file()), p)
+        if p.is_dir():
+            return None
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+        cell_px = data["cell_px"]
+        if not isinstance(cell_px, int) or isinstance(cell_px, bool):
+            raise TypeError(f"cell_px is {cell_px!r}")
+        return Style(cell_px=cell_px)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RenderingError(
+            f"{p}: not a rendering record with an integer cell_px: {exc}"
+        ) from None

@@ -7,6 +7,8 @@ Only light names are exported here; the in-process backend imports torch, so it 
 path: ``from maze_evaluation.local import LocalBackend``.
 """
 
+from importlib.metadata import version as _version
+
 from maze_evaluation.continuous import SERIES, follow, read_series
 from maze_evaluation.endpoint import EndpointBackend, chat_url
 from maze_evaluation.episodes import Backend, Job, Played
@@ -50,7 +52,7 @@ from maze_evaluation.stats import (
     wilson_interval,
 )
 
-__version__ = "0.1.0"
+__version__ = _version("maze-evaluation")  # one source: the pyproject's version
 
 __all__ = [
     "DEFAULT_CELL_PX",

@@ -109,9 +109,16 @@ def scripted_reply(policy: str, messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """``with ScriptedServer() as srv: srv.url`` serves ``POST /v1/chat/completions``."""
 
-    def __init__(self, faults: Iterable[int] = (), delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        faults: Iterable[int] = (),
+        delay_s: float = 0.0,
+        renderings: Mapping[str, int] | None = None,
+    ) -> None:
         self.faults = list(faults)
         self.delay_s = delay_s
+        # GET /v1/models lists these models with maze-serve's ``maze_rendering`` field.
+        self.renderings = dict(renderings or {})
         self.requests = 0
         self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -120,6 +127,15 @@ class ScriptedServer:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                if self.path != "/v1/models":
+                    return self._send(404, {"error": {"message": f"no route {self.path}"}})
+                data = [
+                    {"id": name, "object": "model", "maze_rendering": {"cell_px": px}}
+                    for name, px in outer.renderings.items()
+                ]
+                return self._send(200, {"object": "list", "data": data})
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))

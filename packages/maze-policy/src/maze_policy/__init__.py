@@ -10,6 +10,8 @@ the skyrl-gym ``maze`` env), ``lora`` (the LoRA config builder), ``sampling``, `
 ``errors``.
 """
 
+from importlib.metadata import version as _version
+
 from maze_policy.errors import (
     AdapterMismatchError,
     ChatEncodingError,
@@ -20,7 +22,7 @@ from maze_policy.errors import (
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
 
-__version__ = "0.1.0"
+__version__ = _version("maze-policy")  # one source: the pyproject's version
 
 __all__ = [
     "AdapterMismatchError",

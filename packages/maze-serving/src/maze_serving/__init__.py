@@ -8,6 +8,8 @@ responder that runs while torch imports) loads in milliseconds. Import the rest 
 the command line around it.
 """
 
+from importlib.metadata import version as _version
+
 from maze_serving.errors import (
     BadRequestError,
     ModelNotFoundError,
@@ -20,7 +22,7 @@ from maze_serving.errors import (
     StartupError,
 )
 
-__version__ = "0.1.0"
+__version__ = _version("maze-serving")  # one source: the pyproject's version
 
 __all__ = [
     "BadRequestError",

@@ -535,6 +535,9 @@ router = APIRouter()
 async def list_models(engine: EngineDep) -> dict[str, Any]:
     """OpenAI model list: the base model and every ``<base>:<adapter>``.
 
+    An adapter whose directory records its training mazes' rendering (``maze_rendering.json``)
+    also carries ``maze_rendering: {"cell_px": N}``, which ``maze-eval --endpoint`` reads.
+
     \f
 
     Args:
@@ -544,8 +547,9 @@ async def list_models(engine: EngineDep) -> dict[str, Any]:
         ``{"object": "list", "data": [model, ...]}``.
     """  # noqa: D301
     engine.require_ready()
-    data = [
-        {
+    data: list[dict[str, Any]] = []
+    for mid in engine.model_ids():
+        entry: dict[str, Any] = {
             "id": mid,
             "object": "model",
             "created": engine.created,
@@ -553,8 +557,10 @@ async def list_models(engine: EngineDep) -> dict[str, Any]:
             "root": engine.base_name,
             "parent": None if mid == engine.base_name else engine.base_name,
         }
-        for mid in engine.model_ids()
-    ]
+        cell_px = engine.cell_px(mid)
+        if cell_px is not None:  # clients (maze-eval) render mazes as the adapter was trained
+            entry["maze_rendering"] = {"cell_px": cell_px}
+        data.append(entry)
     return {"object": "list", "data": data}
 
 

@@ -157,6 +157,8 @@ class _Adapter:
     version: int | None = None
     refs: int = 0
     retired: bool = False
+    cell_px: int | None = None
+    """Square size of the mazes it was trained on (its ``maze_rendering.json``), if recorded."""
 
 
 def check_images(messages: Sequence[Mapping[str, Any]], config: EngineConfig) -> None:
@@ -295,9 +297,16 @@ class ServingEngine:
         """Worker thread only: add ``path`` to the shared peft model as ``name``."""
         from peft import PeftModel
 
+        from maze_env.errors import RenderingError
+        from maze_env.render import read_rendering
+
         p = Path(path)
         if not (p / "adapter_config.json").is_file():
             raise ModelNotFoundError(f"no LoRA adapter at {path!r} (adapter_config.json missing)")
+        try:
+            rendering = read_rendering(p)
+        except RenderingError as exc:
+            raise BadRequestError(f"cannot load LoRA adapter {name!r}: {exc}") from exc
         try:
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(
@@ -313,7 +322,9 @@ class ServingEngine:
                 f"cannot load LoRA adapter {name!r} from {path!r}: {exc}"
             ) from exc
         with self._lock:
-            self._adapters[name] = _Adapter(name, str(p), version)
+            self._adapters[name] = _Adapter(
+                name, str(p), version, cell_px=None if rendering is None else rendering.cell_px
+            )
         self.metrics.adapters_loaded.set(len(self._adapters))
 
     def _delete_adapter_sync(self, name: str) -> None:
@@ -399,6 +410,16 @@ class ServingEngine:
             raise NotReadyError("model is still loading", retry_after=LOADING_RETRY_AFTER_S)
         if self.status == "failed":
             raise NotReadyError(f"model failed to load: {self.load_error}")
+
+    def cell_px(self, model_id: str) -> int | None:
+        """The recorded maze square size of ``model_id``'s adapter (aliases resolved), if any."""
+        prefix = f"{self.base_name}:"
+        if not model_id.startswith(prefix):
+            return None
+        with self._lock:
+            name = model_id[len(prefix) :]
+            a = self._adapters.get(self._aliases.get(name, name))
+            return None if a is None else a.cell_px
 
     def model_ids(self) -> list[str]:
         with self._lock:

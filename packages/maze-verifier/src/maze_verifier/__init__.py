@@ -4,6 +4,8 @@ The environment, :class:`maze_verifier.env.MazeTextEnv`, is imported by module p
 skyrl-gym, which is slow to import. :func:`register_env` imports it only when called.
 """
 
+from importlib.metadata import version as _version
+
 from maze_verifier.batch import (
     INVALID,
     STOP,
@@ -38,7 +40,7 @@ from maze_verifier.specs import (
 )
 from maze_verifier.tags import SFT_TAGS, has_all_tags, has_nonempty_tag, tag_contents, tag_fraction
 
-__version__ = "0.1.0"
+__version__ = _version("maze-verifier")  # one source: the pyproject's version
 
 __all__ = [
     "EFFICIENCY",

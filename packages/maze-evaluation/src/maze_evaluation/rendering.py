@@ -1,0 +1,80 @@
+"""Which rendering (pixels per maze square) to evaluate with: the one the adapter trained on.
+
+An adapter trained by maze-engine carries ``maze_rendering.json``; ``maze-serve`` reports it per
+model in ``/v1/models``. Scoring a model on images unlike its training images measures the wrong
+thing, so the recorded rendering wins over the default, and an explicit choice wins over both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+from maze_env.errors import RenderingError
+from maze_env.render import read_rendering
+from maze_evaluation.endpoint import chat_url
+from maze_evaluation.errors import EvaluationError
+from maze_evaluation.runner import DEFAULT_CELL_PX
+
+
+def models_url(endpoint: str) -> str:
+    """The ``/v1/models`` URL of an endpoint given as :func:`chat_url` accepts it."""
+    return chat_url(endpoint).removesuffix("/chat/completions") + "/models"
+
+
+def endpoint_cell_px(
+    endpoint: str, model: str, *, api_key: str | None = None, timeout: float = 10.0
+) -> int | None:
+    """``maze_rendering.cell_px`` of ``model`` in the endpoint's model list, if it says one.
+
+    An endpoint that does not answer, or lists no rendering (vLLM, another server), gives None:
+    the evaluation itself then reports the endpoint's errors.
+    """
+    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    try:
+        resp = httpx.get(models_url(endpoint), headers=headers, timeout=timeout)
+        resp.raise_for_status()
+        data: Any = resp.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    entries = cast(list[Any], data.get("data", [])) if isinstance(data, dict) else []
+    for entry in entries:
+        found = cast(dict[str, Any], entry) if isinstance(entry, dict) else {}
+        if found.get("id") != model:
+            continue
+        rendering = found.get("maze_rendering")
+        block = cast(dict[str, Any], rendering) if isinstance(rendering, dict) else {}
+        cell_px = block.get("cell_px")
+        return cell_px if isinstance(cell_px, int) and not isinstance(cell_px, bool) else None
+    return None
+
+
+def resolve_cell_px(
+    explicit: int | None,
+    *,
+    adapter_dir: Path | None = None,
+    endpoint: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+) -> tuple[int, str]:
+    """``(cell_px, where it came from)``: explicit, else recorded by the adapter, else default.
+
+    Raises:
+        EvaluationError: The adapter's rendering record exists but cannot be read.
+    """
+    if explicit is not None:
+        return explicit, "--cell-px"
+    if adapter_dir is not None:
+        try:
+            style = read_rendering(adapter_dir)
+        except RenderingError as exc:
+            raise EvaluationError(str(exc)) from exc
+        if style is not None:
+            return style.cell_px, f"recorded in {adapter_dir}"
+    if endpoint is not None and model is not None:
+        cell_px = endpoint_cell_px(endpoint, model, api_key=api_key)
+        if cell_px is not None:
+            return cell_px, f"listed for {model} by {models_url(endpoint)}"
+    return DEFAULT_CELL_PX, "default: nothing recorded"
