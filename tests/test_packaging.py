@@ -40,6 +40,15 @@ def _run(cmd: list[str], cwd: Path = ROOT) -> str:
     return proc.stdout
 
 
+def _install_alone(wheel: Path, wheels: Path, venv: Path) -> str:
+    """A fresh venv with ``wheel`` and what it declares (siblings from ``wheels``); its python."""
+    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)])
+    python = str(venv / "bin" / "python")
+    install = ["uv", "pip", "install", "--quiet", "--python", python]
+    _run([*install, "--find-links", str(wheels), str(wheel)])
+    return python
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
@@ -66,21 +75,7 @@ def test_wheel_installs_and_imports_alone(member: Path, wheels: Path, tmp_path: 
     built = sorted(wheels.glob(f"{module}-{meta['version']}-*.whl"))
     assert len(built) == 1, f"expected one wheel for {name}, found {built}"
     venv = tmp_path / "venv"
-    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)])
-    python = str(venv / "bin" / "python")
-    _run(
-        [
-            "uv",
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            python,
-            "--find-links",
-            str(wheels),
-            str(built[0]),
-        ]
-    )
+    python = _install_alone(built[0], wheels, venv)
     # Only this wheel and its declared dependencies are present: no workspace source on the path.
     code = f"import {module}, pathlib; p = pathlib.Path({module}.__file__); assert 'site-packages' in str(p), p; print({module}.__name__)"
     assert _run([python, "-c", code], cwd=tmp_path).strip() == module
@@ -121,23 +116,7 @@ MAZE_ENV_DISTRIBUTIONS = {
 
 
 def test_maze_env_alone_runs_its_readme_example(wheels: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)])
-    python = str(venv / "bin" / "python")
-    built = sorted(wheels.glob("maze_env-*.whl"))
-    _run(
-        [
-            "uv",
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            python,
-            "--find-links",
-            str(wheels),
-            str(built[0]),
-        ]
-    )
+    python = _install_alone(sorted(wheels.glob("maze_env-*.whl"))[0], wheels, tmp_path / "venv")
     freeze = _run(["uv", "pip", "freeze", "--python", python])
     names = {line.split("==")[0].split(" @ ")[0].lower() for line in freeze.splitlines() if line}
     assert names == MAZE_ENV_DISTRIBUTIONS

@@ -13,7 +13,6 @@ user's installer would. Then ``python -m pytest <package>/tests`` runs in that v
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from release import ROOT, Member, ReleaseError, members
+from release import ROOT, Member, ReleaseError, build_wheels, clean_env, members, run
 
 
 @dataclass(frozen=True)
@@ -38,46 +37,12 @@ class Plan:
     wheel: Path
 
 
-def _env(venv: Path | None = None) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
-    }
-    if venv is not None:
-        env["VIRTUAL_ENV"] = str(venv)
-        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
-def _run(cmd: list[str], *, env: dict[str, str], cwd: Path = ROOT, timeout: float = 1800) -> str:
-    proc = subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env, timeout=timeout
-    )
-    if proc.returncode:
-        raise ReleaseError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
-        )
-    return proc.stdout
-
-
 def locked_versions(root: Path = ROOT) -> dict[str, str]:
     """Package name -> version, from ``uv.lock``."""
     lock = tomllib.loads((root / "uv.lock").read_text())
     return {
         canonicalize_name(p["name"]): str(p["version"]) for p in lock["package"] if "version" in p
     }
-
-
-def build_wheels(out: Path) -> dict[str, Path]:
-    """Every workspace member's wheel, built into ``out``; name -> wheel."""
-    env = _env()
-    _run(["uv", "build", "--all-packages", "--wheel", "--out-dir", str(out)], env=env)
-    wheels: dict[str, Path] = {}
-    for m in members():
-        found = sorted(out.glob(f"{m.module}-{m.version}-*.whl"))
-        if len(found) != 1:
-            raise ReleaseError(f"{m.name}: expected one wheel in {out}, found {found}")
-        wheels[canonicalize_name(m.name)] = found[0]
-    return wheels
 
 
 def plan(m: Member, wheels: dict[str, Path], locked: dict[str, str]) -> Plan:
@@ -138,16 +103,16 @@ def _wheel_version(wheel: Path) -> str:
 
 def install(p: Plan, venv: Path) -> str:
     """Create ``venv`` with ``p`` installed; return ``uv pip freeze`` of it."""
-    env = _env()
-    _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)], env=env)
+    env = clean_env()
+    run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)], env=env)
     python = str(venv / "bin" / "python")
     reqs = venv / "lowest-requirements.txt"
     reqs.write_text("\n".join(p.requirements) + "\n")
     pip = ["uv", "pip", "install", "--quiet", "--python", python]
-    _run([*pip, "--resolution", "lowest-direct", "-r", str(reqs)], env=env)
-    _run([*pip, "--no-deps", str(p.wheel)], env=env)
-    _run(["uv", "pip", "check", "--python", python], env=env)
-    return _run(["uv", "pip", "freeze", "--python", python], env=env)
+    run([*pip, "--resolution", "lowest-direct", "-r", str(reqs)], env=env)
+    run([*pip, "--no-deps", str(p.wheel)], env=env)
+    run(["uv", "pip", "check", "--python", python], env=env)
+    return run(["uv", "pip", "freeze", "--python", python], env=env)
 
 
 def run_tests(
@@ -164,8 +129,8 @@ def run_tests(
     tests = str((m.path / "tests").relative_to(ROOT))
     cmd = [python, "-m", "pytest", tests, "-q", "-p", "no:cacheprovider", *(extra_args or [])]
     if not stream:
-        return _run(cmd, env=_env(venv))
-    if subprocess.run(cmd, cwd=ROOT, env=_env(venv), check=False).returncode:
+        return run(cmd, env=clean_env(venv), timeout=1800)
+    if subprocess.run(cmd, cwd=ROOT, env=clean_env(venv), check=False).returncode:
         raise ReleaseError(f"{m.name}: its tests failed at the lowest versions")
     return ""
 

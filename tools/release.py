@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,20 +293,49 @@ def check(root: Path = ROOT) -> list[str]:
     return problems
 
 
-def _run(cmd: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+def run(
+    cmd: list[str],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> str:
+    """Run ``cmd``; its stdout, or a :class:`ReleaseError` with the tail of its output."""
+    proc = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env, timeout=timeout
+    )
     if proc.returncode:
         raise ReleaseError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
         )
     return proc.stdout
 
 
-def _clean_env() -> dict[str, str]:
-    # A venv of our own is made below; uv must not reuse the workspace's.
-    return {
+def clean_env(venv: Path | None = None) -> dict[str, str]:
+    """This environment without the workspace's venv; with ``venv``, that venv activated."""
+    env = {
         k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
     }
+    if venv is not None:
+        env["VIRTUAL_ENV"] = str(venv)
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def build_wheels(out: Path) -> dict[str, Path]:
+    """Every workspace member's wheel, built into ``out`` in one call; name -> wheel.
+
+    Raises:
+        ReleaseError: The build failed or a member's wheel is not where it should be.
+    """
+    run(["uv", "build", "--all-packages", "--wheel", "--out-dir", str(out)], env=clean_env())
+    wheels: dict[str, Path] = {}
+    for m in members():
+        found = sorted(out.glob(f"{m.module}-{m.version}-*.whl"))
+        if len(found) != 1:
+            raise ReleaseError(f"{m.name}: expected one wheel in {out}, found {found}")
+        wheels[canonicalize_name(m.name)] = found[0]
+    return wheels
 
 
 def build(m: Member, out: Path) -> list[Path]:
@@ -318,8 +348,8 @@ def build(m: Member, out: Path) -> list[Path]:
         ReleaseError: A build, the metadata check, the install or the import failed.
     """
     out.mkdir(parents=True, exist_ok=True)
-    env = _clean_env()
-    _run(["uv", "build", "--package", m.name, "--sdist", "--wheel", "--out-dir", str(out)], env=env)
+    env = clean_env()
+    run(["uv", "build", "--package", m.name, "--sdist", "--wheel", "--out-dir", str(out)], env=env)
     stem = m.module
     artifacts = sorted(out.glob(f"{stem}-{m.version}.tar.gz")) + sorted(
         out.glob(f"{stem}-{m.version}-*.whl")
@@ -328,21 +358,15 @@ def build(m: Member, out: Path) -> list[Path]:
         raise ReleaseError(
             f"{m.name}: expected one sdist and one wheel in {out}, found {artifacts}"
         )
-    _run([sys.executable, "-m", "twine", "check", "--strict", *map(str, artifacts)])
+    run([sys.executable, "-m", "twine", "check", "--strict", *map(str, artifacts)])
     deps = out / "deps"
-    deps.mkdir(exist_ok=True)
-    for sibling in members():
-        if sibling.name != m.name:
-            _run(
-                ["uv", "build", "--package", sibling.name, "--wheel", "--out-dir", str(deps)],
-                env=env,
-            )
+    build_wheels(deps)  # siblings, offered as an index would; the package's own is not used
     with tempfile.TemporaryDirectory() as tmp:
         venv = Path(tmp) / "venv"
-        _run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)], env=env)
+        run(["uv", "venv", "--quiet", "--python", "3.12", str(venv)], env=env)
         python = str(venv / "bin" / "python")
         wheel = artifacts[1]
-        _run(
+        run(
             [
                 "uv",
                 "pip",
@@ -357,7 +381,7 @@ def build(m: Member, out: Path) -> list[Path]:
             env=env,
         )
         code = f"import {stem}, pathlib; print(pathlib.Path({stem}.__file__).parent)"
-        where = _run([python, "-c", code], cwd=Path(tmp), env=env).strip()
+        where = run([python, "-c", code], cwd=Path(tmp), env=env).strip()
         if "site-packages" not in where:
             raise ReleaseError(f"{m.name}: imported from {where}, not from the installed wheel")
     return artifacts
@@ -397,7 +421,7 @@ def upload(artifacts: list[Path], *, url: str, token: str) -> None:
     """
     env = {**os.environ, "TWINE_USERNAME": "__token__", "TWINE_PASSWORD": token}
     cmd = [sys.executable, "-m", "twine", "upload", "--non-interactive"]
-    _run([*cmd, "--repository-url", url, *map(str, artifacts)], env=env)
+    run([*cmd, "--repository-url", url, *map(str, artifacts)], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:

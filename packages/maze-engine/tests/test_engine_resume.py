@@ -7,8 +7,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from maze_engine.faults import FAULT_ENV
 
 RUNNER = textwrap.dedent(
@@ -61,25 +59,6 @@ def _run(run: Path, base: Path, fault: str | None = None) -> int:
             f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc.returncode
-
-
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from maze_engine.config import load_config
-    from maze_engine.trainer import base_model_dir, prepare_data
-
-    root = tmp_path_factory.mktemp("base")
-    config = load_config(
-        "tiny_local",
-        [
-            f"trainer.export_path={root}",
-            "trainer.eval_before_train=false",
-            "mazes.train_size=8",
-            "local.warm_start.steps=3",
-            "local.progress=false",
-        ],
-    )
-    return base_model_dir(config, prepare_data(config), lambda _m: None)
 
 
 def test_sigkill_at_rollout_update_and_checkpoint_then_resume_is_bit_identical(

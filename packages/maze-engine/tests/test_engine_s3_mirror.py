@@ -38,25 +38,6 @@ def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
 
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from maze_engine.config import load_config
-    from maze_engine.trainer import base_model_dir, prepare_data
-
-    root = tmp_path_factory.mktemp("base")
-    config = load_config(
-        "tiny_local",
-        [
-            f"trainer.export_path={root}",
-            "trainer.eval_before_train=false",
-            "mazes.train_size=8",
-            "local.warm_start.steps=2",
-            "local.progress=false",
-        ],
-    )
-    return base_model_dir(config, prepare_data(config), lambda _m: None)
-
-
 def _train(run: Path, base: Path, uri: str, *extra: str) -> tuple[Any, list[str]]:
     from maze_engine.config import load_config
     from maze_engine.trainer import train
