@@ -229,3 +229,27 @@ def test_shards_from_two_saves(sharded: Sharded, tmp_path: Path) -> None:
     ckpt = _copy_shards(sharded.shards(3), tmp_path / "ckpt")
     _edit_part(ckpt, 2, lambda p: p.__setitem__("tag", "other"))
     _expect(ckpt, tmp_path, "different saves", "model_world_size_3_rank_2.index.json")
+
+
+def test_verify_rank_shards_catches_flipped_bytes_that_consolidation_would_copy(
+    tmp_path: Path,
+) -> None:
+    import pickle
+
+    from lora_consolidate.shards import data_file_name, verify_rank_shards, write_rank_shards
+
+    state = {"m.q_proj.lora_A.default.weight": torch.arange(32.0).reshape(4, 8)}
+    write_rank_shards(state, tmp_path, 0, 1)
+    data = tmp_path / data_file_name("model", 1, 0)
+    assert verify_rank_shards(tmp_path, 1) == [data]
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF  # inside the tensor bytes: header, sizes and tiling still agree
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ShardError, match="checksum differs") as info:
+        verify_rank_shards(tmp_path, 1)
+    with pytest.raises(ShardError, match="missing rank 0 of world size 2"):
+        verify_rank_shards(tmp_path, 2)
+    # Picklable as raised (it crosses process boundaries, e.g. from a Ray task).
+    again = pickle.loads(pickle.dumps(info.value))
+    assert isinstance(again, ShardError) and str(again) == str(info.value)
+    assert again.path == info.value.path

@@ -943,6 +943,45 @@ def _check_tiling(
         )
 
 
+def verify_rank_shards(out_dir: Path | str, world_size: int, *, kind: str = "model") -> list[Path]:
+    """Re-hash every rank's data file and compare it with the size and checksum its part records.
+
+    Consolidation checks headers, sizes and tiling, not the tensor bytes; a reader that must
+    never publish a corrupted adapter (bit rot, a torn copy) calls this first. It reads each data
+    file once. Returns the data files checked.
+
+    Raises:
+        ShardError: A part or data file is missing, or a data file's bytes differ from what its
+            rank wrote.
+    """
+    from lora_consolidate._hashing import new_hasher
+
+    directory = Path(out_dir)
+    checked: list[Path] = []
+    for rank in range(world_size):
+        part = directory / part_file_name(kind, world_size, rank)
+        if not part.is_file():
+            raise ShardError(part, f"missing rank {rank} of world size {world_size}")
+        meta, _rows, _digest = _read_part(part)
+        data = directory / str(meta.get("file", data_file_name(kind, world_size, rank)))
+        try:
+            size = data.stat().st_size
+        except FileNotFoundError:
+            raise ShardError(data, f"rank {rank}'s data file is missing") from None
+        if size != meta.get("size"):
+            raise ShardError(data, f"{size} bytes, but rank {rank} wrote {meta.get('size')}")
+        hasher = new_hasher(str(meta.get("hash_algorithm", SHA256)))
+        with data.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                hasher.update(chunk)
+        if hasher.hexdigest() != meta.get("digest"):
+            raise ShardError(
+                data, f"checksum differs from the one rank {rank} recorded (corrupt or torn)"
+            )
+        checked.append(data)
+    return checked
+
+
 def finalize_rank_shards(
     out_dir: Path | str, world_size: int, *, durable: bool = True
 ) -> list[Path]:

@@ -16,6 +16,7 @@ naming the key.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,6 +44,7 @@ TINY_LOCAL_CONFIG = "tiny_local"
 """The local engine's default: a tiny Qwen3-VL built from a config, on CPU."""
 MAZES_KEY = "mazes"
 LOCAL_KEY = "local"
+CLUSTER_KEY = "cluster"
 TINY_MODEL = "tiny-qwen3vl"
 """``trainer.policy.model.path`` value that builds (once) and warm-starts the tiny VLM."""
 
@@ -215,13 +217,53 @@ class LocalConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """The ``cluster:`` section: this project's pieces in the SkyRL cluster run.
+
+    The LoRA adapter syncs through ``trainer.policy.model.lora.lora_sync_path`` as weight-sync
+    versions consolidated on the CPU head node (``maze_engine.lora_sync``).
+    """
+
+    head_resource: str = "mazerl_head"
+    """Custom Ray resource only the CPU head node declares; LoRA consolidation runs there."""
+    keep_versions: int = 3
+    """Published adapter versions kept on the shared filesystem (leased ones are never removed)."""
+    handover_retries: int = 3
+    """Attempts to reach an engine that does not answer, with backoff, before the step fails."""
+    s3_uri: str | None = None
+    """Mirror checkpoints and served adapters to ``s3://bucket/prefix`` after each checkpoint."""
+    prometheus_port: int | None = 9400
+    """Port of the trainer's Prometheus endpoint (on the pod running SkyRL's trainer); None
+    disables it."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first ``cluster.*`` key with a bad value."""
+        _at_least(self, CLUSTER_KEY, keep_versions=1, handover_retries=0)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.head_resource):
+            raise ConfigError(
+                "must be a Ray resource name (letters, digits, _)",
+                key=f"{CLUSTER_KEY}.head_resource",
+            )
+        if self.prometheus_port is not None and not 0 <= self.prometheus_port <= 65535:
+            raise ConfigError("must be a port number or null", key=f"{CLUSTER_KEY}.prometheus_port")
+        if self.s3_uri is not None:
+            from weight_sync import MirrorError, parse_s3_uri
+
+            try:
+                parse_s3_uri(self.s3_uri)
+            except MirrorError as exc:
+                raise ConfigError(str(exc), key=f"{CLUSTER_KEY}.s3_uri") from None
+
+
+@dataclass(frozen=True)
 class MazerlConfig:
-    """A loaded config file: SkyRL's config plus this project's two sections."""
+    """A loaded config file: SkyRL's config plus this project's sections."""
 
     skyrl: SkyRLTrainConfig
     mazes: MazeDataConfig
     local: LocalConfig
     source: Path
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """The YAML file it was read from."""
 
     @property
@@ -315,6 +357,7 @@ def load_config(
     source = str(file)
     mazes = _own_section(tree, MAZES_KEY, MazeDataConfig, overridden, source)
     local = _own_section(tree, LOCAL_KEY, LocalConfig, overridden, source)
+    cluster = _own_section(tree, CLUSTER_KEY, ClusterConfig, overridden, source)
 
     from skyrl.train.config import SkyRLTrainConfig
 
@@ -345,7 +388,7 @@ def load_config(
                 key=key,
                 source=source_of(key, overridden, source),
             ) from e
-    config = MazerlConfig(skyrl=cfg, mazes=mazes, local=local, source=file)
+    config = MazerlConfig(skyrl=cfg, mazes=mazes, local=local, source=file, cluster=cluster)
     from maze_engine.data import eval_slack
 
     try:

@@ -67,3 +67,15 @@ class JobServerError(MazeEngineError, ConnectionError):
 
 class JobClientMissingError(MazeEngineError, ImportError):
     """``--submit``: the address's scheme needs a package that is not installed here."""
+
+
+class HeadNodeMissingError(MazeEngineError, RuntimeError):
+    """No Ray node declares the head node's custom resource, so consolidation cannot run."""
+
+
+class EngineSyncError(MazeEngineError, ConnectionError):
+    """The inference engines could not be reached to load a published adapter version."""
+
+
+class AdapterRefusedError(MazeEngineError, RuntimeError):
+    """An inference engine answered a published adapter version with a client error."""

@@ -18,6 +18,18 @@ from typing import Any
 PROM_PREFIX = "mazerl_"
 
 
+def mirror_metrics(mirror: Any) -> dict[str, float]:
+    """A ``weight_sync.BackgroundMirror``'s counts as metrics; none without a mirror."""
+    if mirror is None:
+        return {}
+    s = mirror.stats()
+    return {
+        "mirror/s3_uploaded": float(s.uploaded),
+        "mirror/s3_failures": float(s.failures),
+        "mirror/s3_pending": float(s.pending),
+    }
+
+
 def prometheus_name(key: str) -> str:
     """The Prometheus gauge name for metric ``key`` (see the module docs)."""
     return PROM_PREFIX + re.sub(r"[^a-zA-Z0-9]", "_", key)

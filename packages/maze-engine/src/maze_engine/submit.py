@@ -33,7 +33,7 @@ from maze_engine.schema import override_keys
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-FORWARDED_ENV_VARS = ("MAZERL_RUN", "MAZERL_SFT_CHECKPOINT")
+FORWARDED_ENV_VARS = ("MAZERL_RUN", "MAZERL_SFT_CHECKPOINT", "MAZERL_S3_URI")
 """Variables the shipped configs read (``${oc.env:...}``); forwarded to the Ray job if set."""
 
 _K8S_NAME = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"

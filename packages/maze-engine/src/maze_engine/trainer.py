@@ -43,7 +43,7 @@ from maze_engine.data import PromptLoader, check_held_out, export_datasets, read
 from maze_engine.decisions import EVALS_DIR, write_eval_records
 from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
-from maze_engine.metrics import MetricsSink
+from maze_engine.metrics import MetricsSink, mirror_metrics
 from maze_engine.workers import RolloutWorker, lora_config_from_skyrl
 from maze_env.render import Style, write_rendering
 from maze_policy.chat import Batch
@@ -482,14 +482,7 @@ class Trainer:
         They depend on the network's timing, so they are logged but never checkpointed: a
         resumed run's history stays what an uninterrupted one's is.
         """
-        if self.mirror is None:
-            return {}
-        s = self.mirror.stats()
-        return {
-            "mirror/s3_uploaded": float(s.uploaded),
-            "mirror/s3_failures": float(s.failures),
-            "mirror/s3_pending": float(s.pending),
-        }
+        return mirror_metrics(self.mirror)
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         """Restore weights, optimizer, RNGs, data position and history from ``ckpt``."""

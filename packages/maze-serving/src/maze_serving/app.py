@@ -560,6 +560,9 @@ async def list_models(engine: EngineDep) -> dict[str, Any]:
         cell_px = engine.cell_px(mid)
         if cell_px is not None:  # clients (maze-eval) render mazes as the adapter was trained
             entry["maze_rendering"] = {"cell_px": cell_px}
+        version = engine.adapter_version(mid)
+        if version is not None:  # trainers check which published version each engine serves
+            entry["weight_sync_version"] = version
         data.append(entry)
     return {"object": "list", "data": data}
 
@@ -668,6 +671,32 @@ async def load_lora_adapter(
     path = await asyncio.to_thread(resolve_location, body.lora_path, cache_dir)
     await engine.load_adapter(body.lora_name, path)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/skyrl/v1/load_lora_adapter")
+async def skyrl_load_lora_adapter(
+    body: LoadLoraRequest, engine: EngineDep, cache_dir: CacheDirDep
+) -> PlainTextResponse:
+    """SkyRL's control-plane LoRA load: replaces an adapter of the same name in place.
+
+    SkyRL's ``RemoteInferenceClient.load_lora_adapter`` posts here on every engine after each
+    policy update. A weight-sync version directory is verified against its manifest first.
+
+    \f
+
+    Args:
+        body: ``lora_name`` and ``lora_path``.
+        engine: The app's engine.
+        cache_dir: Where ``s3://`` adapters are downloaded.
+
+    Returns:
+        A plain-text success message naming the weight-sync version, if any.
+    """  # noqa: D301
+    engine.require_ready()
+    path = await asyncio.to_thread(resolve_location, body.lora_path, cache_dir)
+    version = await engine.reload_adapter(body.lora_name, path)
+    which = "" if version is None else f" (weight-sync version {version})"
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' loaded{which}.")
 
 
 @router.post("/v1/unload_lora_adapter")

@@ -150,6 +150,22 @@ class _Pending:
     traj: Trajectory | None = None
 
 
+def _verify_published(path: str) -> int | None:
+    """Verify a weight-sync version directory against its manifest; None if ``path`` is not one."""
+    from weight_sync import AdapterStore, WeightSyncError
+    from weight_sync.manifest import MANIFEST_NAME, parse_version_dir
+
+    p = Path(path)
+    version = parse_version_dir(p.name)
+    if version is None or not (p / MANIFEST_NAME).is_file():
+        return None
+    try:
+        AdapterStore(p.parent.parent).verify(version, use_cache=False)
+    except WeightSyncError as exc:
+        raise BadRequestError(f"refusing adapter {path!r}: {exc}") from exc
+    return version
+
+
 @dataclass(slots=True)
 class _Adapter:
     name: str
@@ -222,6 +238,7 @@ class ServingEngine:
         self._lock = threading.Lock()
         self._adapters: dict[str, _Adapter] = {}
         self._aliases: dict[str, str] = {}
+        self._reloads = 0
         self._inflight = 0
         self._policy: Policy | None = None
         self._peft: Any = None
@@ -350,17 +367,51 @@ class ServingEngine:
         if (
             not name
             or ":" in name
+            or "@" in name
             or name == LATEST_ALIAS
             or (name.startswith("v") and name[1:].isdigit())
         ):
             raise BadRequestError(
-                f"invalid lora_name {name!r}: must be non-empty, without ':', and not 'latest' or 'v<N>' (reserved for hot reload)"
+                f"invalid lora_name {name!r}: must be non-empty, without ':' or '@', and not 'latest' or 'v<N>' (reserved for hot reload)"
             )
         with self._lock:
-            if name in self._adapters and not self._adapters[name].retired:
+            if name in self._aliases or (
+                name in self._adapters and not self._adapters[name].retired
+            ):
                 raise BadRequestError(f"LoRA adapter {name!r} is already loaded")
         fut = self._worker.submit(self._load_adapter_sync, name, path, None)
         await asyncio.wrap_future(fut)
+
+    async def reload_adapter(self, name: str, path: str) -> int | None:
+        """Load ``path`` as ``name``, replacing an adapter of that name in place.
+
+        SkyRL's ``/skyrl/v1/load_lora_adapter`` contract: the trainer loads each new adapter
+        under the policy's one LoRA name. A weight-sync version directory
+        (``.../versions/v<N>``) is verified against its manifest first, so a torn or altered
+        version is refused; returns its version, or None for a plain adapter directory.
+        Requests already running on the old adapter finish on it.
+        """
+        self.require_ready()
+        if not name or ":" in name or "@" in name or name == LATEST_ALIAS:
+            raise BadRequestError(
+                f"invalid lora_name {name!r}: must be non-empty, without ':' or '@', and not 'latest'"
+            )
+        version = await asyncio.to_thread(_verify_published, path)
+        with self._lock:
+            self._reloads += 1
+            internal = f"{name}@{self._reloads}"
+        fut = self._worker.submit(self._load_adapter_sync, internal, path, version)
+        await asyncio.wrap_future(fut)
+        with self._lock:
+            old = self._aliases.get(name, name if name in self._adapters else None)
+            self._aliases[name] = internal
+            if old is not None and old in self._adapters:
+                self._adapters[old].retired = True
+            self._retire_idle()
+        if version is not None:
+            self.metrics.active_adapter_version.set(version)
+        log.info("reloaded adapter %s from %s (version %s)", name, path, version)
+        return version
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``).
@@ -368,6 +419,12 @@ class ServingEngine:
         New requests for it get a 404 at once; in-flight ones finish first.
         """
         with self._lock:
+            if name != LATEST_ALIAS and name in self._aliases:  # loaded in place (SkyRL's load)
+                target = self._aliases.pop(name)
+                if target in self._adapters:
+                    self._adapters[target].retired = True
+                self._retire_idle()
+                return
             a = self._adapters.get(name)
             if a is None or a.retired or a.version is not None:
                 raise ModelNotFoundError(f"no loaded LoRA adapter named {name!r}")
@@ -421,9 +478,17 @@ class ServingEngine:
             a = self._adapters.get(self._aliases.get(name, name))
             return None if a is None else a.cell_px
 
+    def adapter_version(self, model_id: str) -> int | None:
+        """The weight-sync version ``model_id``'s adapter was loaded from (aliases resolved)."""
+        name = model_id.removeprefix(f"{self.base_name}:")
+        with self._lock:
+            a = self._adapters.get(self._aliases.get(name, name))
+            return None if a is None or model_id == self.base_name else a.version
+
     def model_ids(self) -> list[str]:
         with self._lock:
-            names = [a.name for a in self._adapters.values() if not a.retired]
+            # ``name@N`` adapters are in-place reloads, reachable only through their alias.
+            names = [a.name for a in self._adapters.values() if not a.retired and "@" not in a.name]
             names += [alias for alias, target in self._aliases.items() if target in self._adapters]
         return [self.base_name, *(f"{self.base_name}:{n}" for n in sorted(names))]
 
