@@ -17,7 +17,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,27 +40,6 @@ def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.set_num_threads(1)
     return warm_started_base(tmp_path_factory.mktemp("base"))
-
-
-@pytest.fixture
-def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for k, v in {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(k, v)
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="mazerl")
-    yield client
-    server.stop()
 
 
 def _need_prometheus() -> None:

@@ -214,3 +214,45 @@ def test_worker_checkpoints_resume_from_lora_shards_when_skyrl_has_no_rank_files
     got = state(fresh)
     assert want.keys() == got.keys() and any(k.endswith(".exp_avg") for k in want)
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_trainer_mirrors_each_finished_checkpoint_and_the_served_adapter(
+    moto_s3: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from skyrl.train.trainer import RayPPOTrainer
+
+    from maze_engine.lora_sync import SyncLayout, SyncSettings
+    from maze_engine.skyrl_ext import ClusterSettings, MazeTrainer
+    from weight_sync import AdapterStore, BackgroundMirror
+
+    ckpt = tmp_path / "ckpt"
+
+    def skyrl_save(self: Any) -> str:
+        # SkyRL's own save needs its GPU workers; this writes the folder it would return.
+        folder = ckpt / "global_step_3"
+        (folder / "policy").mkdir(parents=True)
+        (folder / "trainer_state.pt").write_bytes(b"state")
+        (ckpt / "latest_ckpt_global_step.txt").write_text("3")
+        return str(folder)
+
+    monkeypatch.setattr(RayPPOTrainer, "save_checkpoints", skyrl_save)
+    root = tmp_path / "lora_sync"
+    store = AdapterStore(SyncLayout(root).store_root, durable=False)
+    from safetensors.torch import save  # pyright: ignore[reportUnknownVariableType]
+
+    store.publish(
+        {
+            "adapter_model.safetensors": save({"a.lora_A.weight": torch.ones(2, 2)}),
+            "adapter_config.json": b'{"peft_type": "LORA", "r": 2}',
+        }
+    )
+    trainer = object.__new__(MazeTrainer)  # SkyRL's __init__ builds datasets and workers
+    trainer.maze_settings = ClusterSettings(sync=SyncSettings(root=str(root)))
+    mirror = BackgroundMirror("s3://mazerl/runs/r1", retry_initial_s=0.2, retry_max_s=1.0)
+    trainer.mirror = mirror
+    assert trainer.save_checkpoints() == str(ckpt / "global_step_3")
+    stats = mirror.close(timeout=60)
+    assert stats.uploaded == 2 and stats.failures == 0, stats
+    keys = {o["Key"] for o in moto_s3.list_objects_v2(Bucket="mazerl")["Contents"]}
+    assert "runs/r1/global_step_3/trainer_state.pt" in keys
+    assert "runs/r1/v000000001/adapter_model.safetensors" in keys
