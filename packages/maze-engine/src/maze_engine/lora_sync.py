@@ -373,7 +373,7 @@ def peft_adapter_config(peft_model: Any, adapter: str = "default") -> dict[str, 
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """How the cluster policy syncs its LoRA adapter (``mazerl.cluster`` config keys)."""
+    """How the cluster policy syncs its LoRA adapter (from the config's ``cluster:`` section)."""
 
     root: str
     """SkyRL's ``lora_sync_path``, on the shared filesystem."""

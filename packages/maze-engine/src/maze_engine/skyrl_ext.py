@@ -53,13 +53,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """The project's own keys of the cluster run (``mazerl.cluster`` in the config)."""
+    """The project's own settings of the cluster run (from the config's ``cluster:`` section)."""
 
     sync: SyncSettings
     s3_uri: str | None = None
     """``s3://bucket/prefix`` the checkpoints and published adapters are mirrored to."""
     prometheus_port: int | None = None
-    prometheus_host: str = "0.0.0.0"
+    prometheus_host: str = "0.0.0.0"  # scraped from other pods
 
 
 class PrometheusTracking(Tracking):
