@@ -8,7 +8,7 @@ One sync of step N, and which process writes what where (``root`` is SkyRL's
                       V is the next weight-sync version, which every rank reads alike
     rank 0            after a barrier, runs :func:`consolidate_shards` on the head node
                       (:func:`on_head`) and waits for it
-    head-node task    checks and merges the shard index, consolidates with lora-consolidate
+    head-node task    verifies the shards' checksums, consolidates with lora-consolidate
                       (bounded memory), publishes root/adapters/versions/<V> with weight-sync
                       (written aside, fsynced, renamed, manifest last), GCs old versions that no
                       lease pins, removes the shards
@@ -140,14 +140,15 @@ def consolidate_shards(
     """
     # Everything imported before the high-water mark is reset: the peak is the work's alone.
     from lora_consolidate import consolidate
-    from lora_consolidate.shards import finalize_rank_shards, verify_rank_shards
+    from lora_consolidate.shards import verify_rank_shards
     from maze_env.render import Style, write_rendering
     from weight_sync import AdapterStore
 
     baseline = _reset_peak_kib()
     started = time.perf_counter()
     verify_rank_shards(shards, world_size)  # consolidation trusts the bytes; check them first
-    finalize_rank_shards(shards, world_size)
+    # No merged index: consolidation checks and merges the parts itself, and the shards are
+    # removed once the adapter is safe, so no later reader would use one.
     target = Path(out)
     if store_root is not None:
         shutil.rmtree(target, ignore_errors=True)  # a staging dir a killed task left
