@@ -21,6 +21,7 @@ SCRIPTS = (
     "maze-train",
     "maze-eval",
     "maze-serve",
+    "maze-infra",
 )
 RST = re.compile(r"``|:(?:func|class|mod|meth|attr|data|exc):`|^\s*\.\. ", re.M)
 

@@ -19,10 +19,17 @@ MEMBERS = sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml")) + sor
 )
 PYTHON_FLOOR = "3.12"
 # Serving and evaluation images carry the policy, not the RL stack: no SkyRL, no Ray.
-WITHOUT_RL_STACK = {"maze-policy", "maze-serving", "maze-evaluation", "maze-env", "maze-verifier"}
+WITHOUT_RL_STACK = {
+    "maze-policy",
+    "maze-serving",
+    "maze-evaluation",
+    "maze-env",
+    "maze-verifier",
+    "maze-infra",  # deploys clusters and dashboards from a laptop or CI: AWS and Grafana clients only
+}
 RL_STACK = ("skyrl", "ray")
 # Without their model extras these evaluate endpoints and build mazes: no torch either.
-WITHOUT_TORCH = {"maze-policy", "maze-evaluation", "maze-env", "maze-verifier"}
+WITHOUT_TORCH = {"maze-policy", "maze-evaluation", "maze-env", "maze-verifier", "maze-infra"}
 
 
 def _meta(member: Path) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""``maze-infra``: create HyperPod clusters, deploy SageMaker endpoints, build and push dashboards.
+"""maze-infra: create HyperPod clusters, deploy SageMaker endpoints, build and push dashboards.
 
 Exit codes: 0 done; 1 the service refused or failed the operation (anything half-created is
 rolled back); 2 a malformed spec or usage error; 3 an optional extra is missing; 4 the service
