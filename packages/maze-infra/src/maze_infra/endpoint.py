@@ -27,20 +27,21 @@ import json
 import os
 import re
 import time
-import warnings
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maze_infra.errors import (
-    CredentialsError,
-    InfraError,
-    MissingExtraError,
-    OperationError,
-    ServiceUnreachableError,
-    SpecError,
+from maze_infra._aws import (
+    REGION_PATTERN,
+    ErrorStyle,
+    aws_options,
+    bounded_session,
+    is_not_found,
+    noted,
+    one_line,
+    sagemaker_core,
 )
+from maze_infra.errors import InfraError, OperationError, SpecError
 
 DEFAULT_INSTANCE_TYPE = "ml.g6e.xlarge"
 VARIANT = "AllTraffic"
@@ -66,23 +67,14 @@ _ECR = re.compile(
 )
 _ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+")
 _INSTANCE = re.compile(r"ml\.[a-z0-9-]+\.[a-z0-9]+")
-_REGION = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d")
-# Error codes with which AWS refuses the caller's credentials (not its permissions).
-_CREDENTIAL_CODES = frozenset(
-    {
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "InvalidSignatureException",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "MissingAuthenticationToken",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "InvalidAccessKeyId",
-        "AuthFailure",
-    }
-)
 _MAX_MESSAGE = 400
+_NEEDS = "SageMaker endpoints"
+# `with _aws("what it does"):` turns the SDKs' exceptions into one-line typed errors.
+_aws = ErrorStyle(
+    max_chars=_MAX_MESSAGE,  # cut, so that the rollback note after it stays in view
+    denied_is_credentials=False,  # a denied action is the service refusing it: exit 1
+    invalid_model_is_input=False,  # requests are typed shapes: only an answer can fail to parse
+).calling
 
 
 @dataclass(frozen=True)
@@ -115,7 +107,7 @@ class EndpointSpec:
         Raises:
             SpecError: A field is malformed; the error names it.
         """
-        if region is not None and not _REGION.fullmatch(region):
+        if region is not None and not REGION_PATTERN.fullmatch(region):
             raise SpecError(f"{region!r} is not an AWS region", field="region")
         if not _NAME.fullmatch(self.name) or len(self.name) > _NAME_MAX:
             raise SpecError(
@@ -286,20 +278,9 @@ def _check_s3(uri: str, name: str) -> None:
         raise SpecError(f"{uri!r} is not an s3://BUCKET/PREFIX/ URI", field=name)
 
 
-def _import_sdk() -> tuple[Any, Any]:
-    """boto3 and sagemaker-core's resources module, or :class:`MissingExtraError`."""
-    try:
-        with warnings.catch_warnings():
-            # sagemaker-core's generated docstrings warn on first compile (invalid escapes).
-            warnings.simplefilter("ignore", SyntaxWarning)
-            import boto3
-            from sagemaker.core import resources
-    except ImportError as exc:
-        raise MissingExtraError(
-            f"SageMaker endpoints need boto3 and sagemaker-core ({exc.name} is missing): "
-            "pip install 'maze-infra[aws]'"
-        ) from exc
-    return boto3, resources
+def _resources() -> Any:
+    """sagemaker-core's resources module, or :class:`MissingExtraError`."""
+    return sagemaker_core("resources", needs=_NEEDS)[0]
 
 
 def _drop_empty_structures(parsed: dict[str, Any], **_: Any) -> None:
@@ -324,7 +305,7 @@ def aws_session(
     ``client()`` adds ``endpoint_url`` (when given) and the timeouts to every one of them.
 
     Args:
-        region: AWS region (default: the environment's or the profile's).
+        region: AWS region (default: ``AWS_REGION``, else the environment's or the profile's).
         profile: A named profile of the shared AWS config.
         endpoint_url: Another SageMaker endpoint (a VPC endpoint, an emulator).
         connect_timeout_s: Seconds to open a connection.
@@ -340,98 +321,18 @@ def aws_session(
         CredentialsError: The profile does not exist.
         SpecError: No region is given or configured.
     """
-    boto3, _ = _import_sdk()
-    from botocore.config import Config
-    from botocore.exceptions import ProfileNotFound
-
-    options: dict[str, Any] = {"connect_timeout": connect_timeout_s, "read_timeout": read_timeout_s}
-    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
-        options["retries"] = {"max_attempts": max_attempts, "mode": "standard"}
-    bounded = Config(**options)  # only the options given here override a client's config
-
-    class _Session(boto3.session.Session):
-        def client(
-            self, service_name: str, region_name: str | None = None, *args: Any, **kw: Any
-        ) -> Any:
-            config = kw.get("config")
-            kw["config"] = bounded if config is None else config.merge(bounded)
-            if endpoint_url and not kw.get("endpoint_url"):
-                kw["endpoint_url"] = endpoint_url
-            parent: Any = super()
-            return parent.client(service_name, region_name, *args, **kw)
-
-    try:
-        session: Any = _Session(region_name=region, profile_name=profile)
-    except ProfileNotFound as exc:
-        raise CredentialsError(str(exc)) from exc
-    if not session.region_name:
-        raise SpecError("no region: pass --region or set AWS_REGION", field="region")
-    if not _REGION.fullmatch(session.region_name):
-        raise SpecError(f"{session.region_name!r} is not an AWS region", field="region")
+    session = bounded_session(
+        region,
+        profile=profile,
+        endpoint_url=endpoint_url,
+        connect_timeout_s=connect_timeout_s,
+        read_timeout_s=read_timeout_s,
+        max_attempts=max_attempts,
+        needs=_NEEDS,
+    )
     for op in ("DescribeModel", "DescribeEndpointConfig", "DescribeEndpoint"):
         session.events.register(f"after-call.sagemaker.{op}", _drop_empty_structures)
     return session
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
-
-
-def _client_error(exc: Any) -> tuple[str, str]:
-    err = exc.response.get("Error", {})
-    code, message = str(err.get("Code", "")), str(err.get("Message", ""))
-    # A JSON-protocol client cannot parse an XML error body: the code is then the HTTP
-    # status and the message the raw body.
-    xml = re.search(r"<Code>([^<]+)</Code>(?:.*?<Message>([^<]*)</Message>)?", message, re.S)
-    if xml:
-        code, message = xml[1], xml[2] or message
-    return code, message
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    """Whether ``exc`` is SageMaker's answer for a missing resource (a ValidationException)."""
-    import botocore.exceptions
-
-    if not isinstance(exc, botocore.exceptions.ClientError):
-        return False
-    code, message = _client_error(exc)
-    return code in ("ValidationException", "ResourceNotFound") and "could not find" in (
-        message.lower()
-    )
-
-
-@contextmanager
-def _aws(action: str) -> Generator[None]:
-    """Turn botocore's and sagemaker-core's exceptions into this package's errors."""
-    import botocore.exceptions as bx
-    import pydantic
-
-    try:
-        yield
-    except bx.ClientError as exc:
-        code, message = _client_error(exc)
-        if code in _CREDENTIAL_CODES:
-            raise CredentialsError(_one_line(f"{action}: credentials refused: {message}")) from exc
-        raise OperationError(_one_line(f"{action}: {code}: {message}")) from exc
-    except (
-        bx.NoCredentialsError,
-        bx.PartialCredentialsError,
-        bx.CredentialRetrievalError,
-        bx.TokenRetrievalError,
-        bx.SSOError,
-    ) as exc:
-        raise CredentialsError(_one_line(f"{action}: {exc}")) from exc
-    except bx.ReadTimeoutError as exc:
-        raise ServiceUnreachableError(_one_line(f"{action}: no answer in time: {exc}")) from exc
-    except (bx.ConnectionError, bx.HTTPClientError) as exc:  # refused, DNS, TLS, proxy, reset
-        raise ServiceUnreachableError(_one_line(f"{action}: {exc}")) from exc
-    except bx.NoRegionError as exc:
-        raise SpecError(str(exc), field="region") from exc
-    except bx.ParamValidationError as exc:
-        raise SpecError(_one_line(f"{action}: {exc}")) from exc
-    except pydantic.ValidationError as exc:
-        raise OperationError(_one_line(f"{action}: unexpected answer: {exc}")) from exc
 
 
 def _value(x: Any) -> Any:
@@ -475,7 +376,7 @@ def deploy(
         OperationError: The endpoint name is taken, SageMaker refused a step, or the endpoint
             failed to start (or, with ``wait``, was not up in time).
     """
-    _, res = _import_sdk()
+    res = _resources()
     from sagemaker.core.shapes import ContainerDefinition, ProductionVariant, Tag
 
     region: str = session.region_name
@@ -538,7 +439,7 @@ def deploy(
     except BaseException as exc:
         note = _rollback(created, session, exc)
         if isinstance(exc, InfraError):
-            raise type(exc)(f"{exc}; {note}") from exc
+            raise noted(exc, note) from exc
         raise
     done.created = [f"{kind} {name}" for kind, name in created]
     return done
@@ -554,7 +455,9 @@ def _wait(endpoint: Any, timeout_s: float, poll_s: float, log: Callable[[str], N
     while status != "InService":
         if status == "Failed":
             reason = _value(endpoint.failure_reason) or "no reason given"
-            raise OperationError(f"endpoint {endpoint.endpoint_name} failed: {_one_line(reason)}")
+            raise OperationError(
+                f"endpoint {endpoint.endpoint_name} failed: {one_line(reason, _MAX_MESSAGE)}"
+            )
         if time.monotonic() >= deadline:
             # Not rolled back by the caller: SageMaker may still bring it up.
             raise _StillCreatingError(
@@ -601,7 +504,7 @@ def _delete_one(kind: str, name: str, session: Any, *, only_with_config: str | N
     With ``only_with_config``, an endpoint is deleted only if it uses that config: a rollback
     must not delete an endpoint of the same name that another deploy created meanwhile.
     """
-    _, res = _import_sdk()
+    res = _resources()
     cls = {"model": res.Model, "config": res.EndpointConfig, "endpoint": res.Endpoint}[kind]
     kw: dict[str, Any] = {"session": session, "region": session.region_name}
     with _aws(f"delete {kind} {name}"):
@@ -617,7 +520,7 @@ def _delete_one(kind: str, name: str, session: Any, *, only_with_config: str | N
         try:
             found.delete()
         except Exception as exc:
-            if _is_not_found(exc):  # deleted meanwhile
+            if is_not_found(exc):  # deleted meanwhile
                 return False
             raise
     return True
@@ -631,7 +534,7 @@ def describe(name: str, session: Any) -> Description:
         OperationError: There is no such endpoint.
     """
     _check_name(name)
-    _, res = _import_sdk()
+    res = _resources()
     kw: dict[str, Any] = {"session": session, "region": session.region_name}
     ep = _endpoint_or_fail(res, name, kw)
     config_name = _value(ep.endpoint_config_name)
@@ -692,7 +595,7 @@ def _get_or_none(cls: Any, key: dict[str, str], kw: dict[str, Any]) -> Any:
     try:
         return cls.get(**key, **kw)
     except Exception as exc:
-        if _is_not_found(exc):
+        if is_not_found(exc):
             return None
         raise
 
@@ -708,7 +611,7 @@ def delete(name: str, session: Any) -> list[str]:
         OperationError: There is no such endpoint, or SageMaker refused a deletion.
     """
     _check_name(name)
-    _, res = _import_sdk()
+    res = _resources()
     kw: dict[str, Any] = {"session": session, "region": session.region_name}
     ep = _endpoint_or_fail(res, name, kw)
     config_name = _value(ep.endpoint_config_name)
@@ -740,10 +643,7 @@ def _check_name(name: str) -> None:
 
 def register(groups: Any) -> None:
     """Add ``endpoint deploy|describe|delete`` to ``maze-infra``."""
-    aws = argparse.ArgumentParser(add_help=False)
-    aws.add_argument("--region", help="AWS region (default: AWS_REGION or the profile's)")
-    aws.add_argument("--profile", help="named profile of the shared AWS config")
-    aws.add_argument("--endpoint-url", help="SageMaker API endpoint to use instead of the region's")
+    aws = aws_options(profile_and_endpoint=True)
     group = groups.add_parser(
         "endpoint",
         help="SageMaker real-time endpoints for the served adapter",
@@ -857,7 +757,7 @@ def _describe_command(args: argparse.Namespace) -> int:
         if key in d.env:
             print(f"{label:<9} {d.env[key]}")
     if d.failure_reason:
-        print(f"failure   {_one_line(d.failure_reason)}")
+        print(f"failure   {one_line(d.failure_reason, _MAX_MESSAGE)}")
     return 0
 
 

@@ -20,24 +20,24 @@ import os
 import re
 import sys
 import time
-import warnings
-from collections.abc import Collection, Generator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
 
-from maze_infra.errors import (
-    CredentialsError,
-    InfraError,
-    MissingExtraError,
-    OperationError,
-    ServiceUnreachableError,
-    SpecError,
+from maze_infra._aws import (
+    AWS_EXTRA,
+    ErrorStyle,
+    aws_options,
+    bounded_session,
+    is_not_found,
+    noted,
+    one_line,
+    sagemaker_core,
 )
+from maze_infra.errors import InfraError, MissingExtraError, OperationError, SpecError
 
-AWS_EXTRA = "pip install 'maze-infra[aws]'"
 NODE_RECOVERY_MODES = ("Automatic", "None")
 # The label HyperPod's health agent puts on each Kubernetes node of an EKS-orchestrated cluster.
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
@@ -46,25 +46,13 @@ HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 MAX_ATTEMPTS = 3
-
-# Error codes that mean the caller's credentials are missing, expired, invalid or not allowed.
-_CREDENTIAL_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AccessDeniedException",
-        "AuthFailure",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "IncompleteSignature",
-        "InvalidClientTokenId",
-        "InvalidSignatureException",
-        "MissingAuthenticationToken",
-        "MissingAuthenticationTokenException",
-        "RequestExpired",
-        "SignatureDoesNotMatch",
-        "UnrecognizedClientException",
-    }
-)
+_NEEDS = "HyperPod commands"
+# `with _calling("what it does"):` turns the SDKs' exceptions into one-line typed errors.
+_calling = ErrorStyle(
+    max_chars=None,  # whole: a refusal's list of allowed values is what to choose from
+    denied_is_credentials=True,  # a denied action wants another role or profile: exit 5
+    invalid_model_is_input=True,  # sagemaker-core validates the request made from the spec
+).calling
 # A coarse health word for nodes whose Kubernetes health label the API does not report.
 _HEALTH_FROM_STATUS = {
     "Running": "ok",
@@ -656,48 +644,31 @@ def aws_session(region: str | None = None) -> Any:
     """A boto3 session whose every client has bounded timeouts and retries.
 
     The region is ``region``, else ``AWS_REGION``, else what boto3 finds (``AWS_DEFAULT_REGION``,
-    the profile). ``AWS_ENDPOINT_URL`` and the other ``AWS_*`` settings apply as usual; retries
-    are capped at 3 attempts unless ``AWS_MAX_ATTEMPTS`` or ``AWS_RETRY_MODE`` say otherwise.
+    the profile). ``AWS_PROFILE``, ``AWS_ENDPOINT_URL`` and the other ``AWS_*`` settings apply
+    as usual; retries are capped at :data:`MAX_ATTEMPTS` attempts unless ``AWS_MAX_ATTEMPTS`` or
+    ``AWS_RETRY_MODE`` say otherwise.
 
     Raises:
         MissingExtraError: boto3 is not installed.
-        SpecError: No region is configured.
+        CredentialsError: ``AWS_PROFILE`` names no profile.
+        SpecError: No region is configured, or it is not an AWS region name.
     """
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError:
-        raise MissingExtraError(f"HyperPod commands need boto3: {AWS_EXTRA}") from None
-    options: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}
-    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
-        options["retries"] = {"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"}
-    bounded = Config(**options)
-
-    class _BoundedSession(boto3.Session):
-        # sagemaker-core builds its own clients from the session (with 10 retry attempts): the
-        # session is the one place every client passes through.
-        def client(self, *args: Any, **kwargs: Any) -> Any:
-            config = kwargs.get("config")
-            kwargs["config"] = bounded if config is None else config.merge(bounded)
-            return cast(Any, super()).client(*args, **kwargs)
-
-    session = _BoundedSession(region_name=region or os.environ.get("AWS_REGION") or None)
-    if not session.region_name:
-        raise SpecError("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region")
-    return session
+    return bounded_session(
+        region,
+        profile=None,
+        endpoint_url=None,
+        connect_timeout_s=CONNECT_TIMEOUT_S,
+        read_timeout_s=READ_TIMEOUT_S,
+        max_attempts=MAX_ATTEMPTS,
+        needs=_NEEDS,
+    )
 
 
 def _sagemaker_core() -> Any:
     """sagemaker-core's modules this file uses: ``Cluster``, ``transform`` and ``serialize``."""
-    try:
-        with warnings.catch_warnings():
-            # Its generated docstrings hold invalid escapes; compiling them warns on first import.
-            warnings.simplefilter("ignore", SyntaxWarning)
-            from sagemaker.core import resources
-            from sagemaker.core.utils import utils
-            from sagemaker.core.utils.code_injection import codec
-    except ImportError:
-        raise MissingExtraError(f"HyperPod commands need sagemaker-core: {AWS_EXTRA}") from None
+    resources, utils, codec = sagemaker_core(
+        "resources", "utils.utils", "utils.code_injection.codec", needs=_NEEDS
+    )
 
     @dataclass(frozen=True)
     class _Core:
@@ -706,71 +677,6 @@ def _sagemaker_core() -> Any:
         serialize: Any
 
     return _Core(resources.Cluster, codec.transform, utils.serialize)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _translate(exc: BaseException, doing: str) -> InfraError | None:
-    """The typed error for an exception from boto3, botocore or sagemaker-core (or ``None``)."""
-    from botocore import exceptions as bex
-
-    if isinstance(exc, bex.ClientError):
-        error: Mapping[str, Any] = cast(dict[str, Any], exc.response).get("Error", {})
-        code = str(error.get("Code") or "Error")
-        message = _one_line(f"{doing}: {code}: {error.get('Message') or exc}")
-        return CredentialsError(message) if code in _CREDENTIAL_CODES else OperationError(message)
-    credential_errors = (
-        bex.NoCredentialsError,
-        bex.PartialCredentialsError,
-        bex.CredentialRetrievalError,
-        bex.ProfileNotFound,
-        bex.SSOError,
-        bex.TokenRetrievalError,
-    )
-    if isinstance(exc, credential_errors):
-        return CredentialsError(
-            _one_line(
-                f"{doing}: {exc} (set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or log in with `aws sso login`)"
-            )
-        )
-    if isinstance(exc, bex.ConnectionError | bex.HTTPClientError):
-        return ServiceUnreachableError(_one_line(f"{doing}: {exc}"))
-    if isinstance(exc, bex.NoRegionError):
-        return SpecError(_one_line(f"{doing}: {exc}; set AWS_REGION or pass --region"))
-    if isinstance(exc, bex.ParamValidationError):
-        return SpecError(_one_line(f"{doing}: {exc}"))
-    if isinstance(exc, bex.BotoCoreError):
-        return OperationError(_one_line(f"{doing}: {exc}"))
-    try:
-        from pydantic import ValidationError
-    except ImportError:  # pragma: no cover - pydantic comes with sagemaker-core
-        return None
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return SpecError(_one_line(f"{doing}: sagemaker-core rejected {where}: {first['msg']}"))
-    return None
-
-
-@contextmanager
-def _calling(doing: str) -> Generator[None]:
-    """Turns SDK exceptions raised inside into the package's one-line typed errors."""
-    try:
-        yield
-    except InfraError:
-        raise
-    except Exception as exc:
-        typed = _translate(exc, doing)
-        if typed is None:
-            raise
-        raise typed from None
-
-
-def _noted(exc: InfraError, note: str) -> InfraError:
-    """The same kind of error (same exit code), with ``note`` appended."""
-    return type(exc)(f"{exc}; {note}")
 
 
 def _plain(value: Any) -> Any:
@@ -782,19 +688,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in cast(Sequence[object], value)]
     return value
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    if not isinstance(exc, ClientError):
-        return False
-    error: Mapping[str, Any] = cast(dict[str, Any], exc.response).get("Error", {})
-    code, message = str(error.get("Code", "")), str(error.get("Message", "")).lower()
-    # The service says ResourceNotFound; some implementations a ValidationException.
-    return code == "ResourceNotFound" or (
-        code == "ValidationException" and ("not find" in message or "not found" in message)
-    )
 
 
 def create_cluster(
@@ -845,7 +738,7 @@ def create_cluster(
     except InfraError as exc:
         if "arn" not in accepted:
             raise  # refused: nothing was created
-        raise _noted(
+        raise noted(
             exc,
             f"CreateCluster was accepted, so cluster {name} ({accepted['arn']}) exists: "
             f"check it with `maze-infra cluster describe {name}`, "
@@ -900,7 +793,7 @@ def _wait_in_service(
                 with _calling(f"describe cluster {name}"):
                     cluster.refresh()
             except InfraError as exc:
-                raise _noted(
+                raise noted(
                     exc, f"cluster {name} was created and was {last} when waiting stopped"
                 ) from None
     except KeyboardInterrupt:
@@ -915,7 +808,7 @@ def _wait_in_service(
 def _roll_back(cluster: Any, reason: str, *, keep_failed: bool) -> NoReturn:
     """Deletes a cluster that went Failed; always raises the OperationError that says so."""
     name = str(cluster.cluster_name)
-    head = f"cluster {name} went Failed: {_one_line(reason)}"
+    head = f"cluster {name} went Failed: {one_line(reason)}"
     if keep_failed:
         raise OperationError(
             f"{head}; kept it (--keep-failed): delete it with `maze-infra cluster delete {name}`"
@@ -1004,7 +897,7 @@ def cluster_nodes(name: str, session: Any) -> list[NodeHealth]:
                     group=str(summary.get("InstanceGroupName", "")),
                     instance_type=str(summary.get("InstanceType", "")),
                     status=status,
-                    message=_one_line(str(state.get("Message", ""))),
+                    message=one_line(str(state.get("Message", ""))),
                     health=str(label) if label else _HEALTH_FROM_STATUS.get(status, "unknown"),
                     health_source="label" if label else "status",
                 )
@@ -1046,11 +939,11 @@ def delete_cluster(
                 try:
                     cluster.refresh()
                 except Exception as exc:
-                    if _is_not_found(exc):
+                    if is_not_found(exc):
                         return arn
                     raise
         except InfraError as exc:
-            raise _noted(exc, f"deletion of cluster {name} was accepted") from None
+            raise noted(exc, f"deletion of cluster {name} was accepted") from None
         if time.monotonic() >= deadline:
             raise OperationError(
                 f"cluster {name} is still being deleted after {timeout_seconds:g} s"
@@ -1065,10 +958,8 @@ def delete_cluster(
 
 def register(groups: Any) -> None:
     """Add the ``cluster`` command group to ``maze-infra``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--region", help="AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile)"
-    )
+    # No --profile or --endpoint-url: the cluster commands read AWS_PROFILE and AWS_ENDPOINT_URL.
+    common = aws_options(profile_and_endpoint=False)
     group = groups.add_parser(
         "cluster",
         help="the SageMaker HyperPod cluster: create, describe, nodes, delete",
