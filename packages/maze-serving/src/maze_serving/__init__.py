@@ -4,8 +4,8 @@ The package exports only its errors, so ``maze_serving.early`` (the standard-lib
 responder that runs while torch imports) loads in milliseconds. Import the rest by module path:
 ``maze_serving.app.create_app``, ``maze_serving.engine.EngineConfig`` / ``ServingEngine``,
 ``maze_serving.server.serve_in_thread`` / ``run`` / ``free_port``, ``maze_serving.early``,
-``maze_serving.sources``, ``maze_serving.deploy``. ``maze-serve`` (the ``maze-server`` app) is
-the command line around it.
+``maze_serving.sources``. ``maze-serve`` (the ``maze-server`` app) is the command line around
+it.
 """
 
 from importlib.metadata import version as _version

@@ -693,8 +693,13 @@ async def skyrl_load_lora_adapter(
         A plain-text success message naming the weight-sync version, if any.
     """  # noqa: D301
     engine.require_ready()
-    path = await asyncio.to_thread(resolve_location, body.lora_path, cache_dir)
-    version = await engine.reload_adapter(body.lora_name, path)
+    try:
+        path = await asyncio.to_thread(resolve_location, body.lora_path, cache_dir)
+        version = await engine.reload_adapter(body.lora_name, path)
+    except Exception:  # counted whatever the cause; the error still reaches the client
+        engine.metrics.adapter_reload_failures.labels("in_place").inc()
+        raise
+    engine.metrics.adapter_reloads.labels("in_place").inc()
     which = "" if version is None else f" (weight-sync version {version})"
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' loaded{which}.")
 

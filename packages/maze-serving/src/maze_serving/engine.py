@@ -251,6 +251,8 @@ class ServingEngine:
         self._threads: list[threading.Thread] = []
         self._queue: deque[_Pending] = deque()
         self._queued = threading.Condition()
+        # Read at scrape time: the queue changes in several places, the length is always right.
+        self.metrics.requests_waiting.set_function(lambda: len(self._queue))
         self._peak_inflight = 0
         self.created = int(time.time())
 
@@ -449,6 +451,7 @@ class ServingEngine:
                     ).result()
                 except (ServingError, RuntimeError) as exc:
                     log.error("hot reload of version %d failed: %s", pv.version, exc)
+                    self.metrics.adapter_reload_failures.labels("watch").inc()
                     continue
                 with self._lock:
                     old = self._aliases.get(LATEST_ALIAS)
@@ -458,6 +461,7 @@ class ServingEngine:
                         self._adapters[old].retired = True
                     self._retire_idle()
                 self.metrics.active_adapter_version.set(pv.version)
+                self.metrics.adapter_reloads.labels("watch").inc()
                 log.info("hot reload: serving weight-sync version %d as %s", pv.version, name)
 
     # ------------------------------------------------------------------ requests

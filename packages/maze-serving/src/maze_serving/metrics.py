@@ -63,6 +63,25 @@ class ServingMetrics:
         self.adapters_loaded = Gauge(
             "maze_serving_adapters_loaded", "LoRA adapters held in memory.", registry=r
         )
+        self.requests_waiting = Gauge(
+            "maze_serving_num_requests_waiting",
+            "Admitted generation requests queued for the next batch (vLLM's num_requests_waiting).",
+            registry=r,
+        )
+        # source: "watch" (a weight-sync version followed with --watch) or "in_place"
+        # (SkyRL's /skyrl/v1/load_lora_adapter replacing an adapter under its name).
+        self.adapter_reloads = Counter(
+            "maze_serving_adapter_reloads",
+            "Adapters reloaded and now served, by source.",
+            ["source"],
+            registry=r,
+        )
+        self.adapter_reload_failures = Counter(
+            "maze_serving_adapter_reload_failures",
+            "Adapter reloads refused or failed (the previous adapter keeps serving), by source.",
+            ["source"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
