@@ -878,34 +878,31 @@ def load_dashboards(directory: Path) -> list[dict[str, Any]]:
 
 def _grafana_error(exc: Exception, url: str, what: str, timeout: float) -> Exception:
     """The typed error for a failed Grafana call (see :func:`push`)."""
-    from grafana_client.client import (
-        GrafanaClientError,
-        GrafanaException,
-        GrafanaServerError,
-        GrafanaTimeoutError,
-        GrafanaUnauthorizedError,
-    )
+    import importlib
 
-    if isinstance(exc, GrafanaUnauthorizedError):
+    # Imported by name: the `grafana` extra is absent where the workspace is type-checked.
+    client: Any = importlib.import_module("grafana_client.client")
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, client.GrafanaUnauthorizedError):
         return CredentialsError(
             f"Grafana at {url} refused the token (401) while {what}: check GRAFANA_TOKEN (for "
             "Amazon Managed Grafana, a workspace service-account token)"
         )
-    if isinstance(exc, GrafanaTimeoutError | OSError):
+    if isinstance(exc, client.GrafanaTimeoutError | OSError):
         return ServiceUnreachableError(
             f"cannot reach Grafana at {url} while {what} (timeout {timeout:g} s per "
             f"request): {_one_line(str(exc))}"
         )
-    if isinstance(exc, GrafanaClientError) and exc.status_code == 403:
+    if isinstance(exc, client.GrafanaClientError) and status == 403:
         return CredentialsError(
             f"Grafana at {url} denied the token (403) while {what}: the token needs the "
             "Editor role (dashboards and folders write)"
         )
-    if isinstance(exc, GrafanaClientError | GrafanaServerError):
+    if isinstance(exc, client.GrafanaClientError | client.GrafanaServerError):
         return OperationError(
-            f"Grafana at {url} refused {what} ({exc.status_code}): {_one_line(str(cast(Any, exc).message))}"
+            f"Grafana at {url} refused {what} ({status}): {_one_line(str(cast(Any, exc).message))}"
         )
-    if isinstance(exc, GrafanaException):  # transport errors carry status 0
+    if isinstance(exc, client.GrafanaException):  # transport errors carry status 0
         return ServiceUnreachableError(
             f"cannot reach Grafana at {url} while {what}: {_one_line(str(exc))}"
         )
@@ -937,6 +934,7 @@ def push(
         OperationError: Grafana refused a request (other 4xx, 5xx).
     """
     dashboards = load_dashboards(directory)
+    import importlib
     import warnings
 
     try:
@@ -944,14 +942,17 @@ def push(
             # grafana-client 5.1.0's sources raise a SyntaxWarning when compiled (no cached
             # bytecode): noise on the command's stderr, which is one line per error.
             warnings.simplefilter("ignore", SyntaxWarning)
-            from grafana_client.api import GrafanaApi
-            from grafana_client.client import GrafanaException
+            # By name: the `grafana` extra is absent where the workspace is type-checked.
+            grafana_api: Any = importlib.import_module("grafana_client.api")
+            grafana_exception: type[Exception] = importlib.import_module(
+                "grafana_client.client"
+            ).GrafanaException
     except ImportError as exc:
         raise MissingExtraError(
             f"pushing dashboards needs grafana-client ({exc.name} is missing): {PUSH_EXTRA_HINT}"
         ) from exc
     base = url.rstrip("/")
-    api = GrafanaApi.from_url(base, credential=token, timeout=timeout)
+    api: Any = grafana_api.GrafanaApi.from_url(base, credential=token, timeout=timeout)
     what = "listing folders"
     try:
         folders = cast(list[dict[str, Any]], api.folder.get_all_folders())
@@ -971,7 +972,7 @@ def push(
             }
             saved = cast(dict[str, Any], api.dashboard.update_dashboard(body))
             lines.append(f"{dash.get('title', dash['uid'])}: {base}{saved.get('url', '')}")
-    except (GrafanaException, OSError) as exc:
+    except (grafana_exception, OSError) as exc:
         raise _grafana_error(exc, base, what, timeout) from exc
     except (KeyError, TypeError, AttributeError) as exc:  # an answer of an unexpected shape
         raise OperationError(f"Grafana at {base}: unexpected answer while {what}: {exc}") from exc
