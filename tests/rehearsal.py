@@ -18,76 +18,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
+from raynodes import RAY_ENV, RayNode, free_port, start_node  # the test uses them as rh.*
 
 from maze_engine.lora_sync import HEAD_RESOURCE
 
 WORKER_RESOURCE = "rehearsal_gpu_node"
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # workers run this interpreter, nothing is shipped
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RayNode:
-    """One ``ray start --block`` process group (raylet and the workers it starts)."""
-
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def kill(self) -> None:
-        """SIGKILL every process of the node at once, as a lost instance.
-
-        Ray's workers start in process groups of their own, so the tree is walked.
-        """
-        import psutil
-
-        try:
-            procs = [psutil.Process(self.proc.pid)]
-            procs += procs[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            procs = []
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        psutil.wait_procs(procs, timeout=30)
-
-
-def _ray_cli() -> str:
-    return str(Path(sys.executable).with_name("ray"))
-
-
-def start_node(args: Sequence[str], log: Path) -> RayNode:
-    env = {**os.environ, **RAY_ENV}
-    env.pop("RAY_ADDRESS", None)
-    out = log.open("wb")
-    proc = subprocess.Popen(
-        [_ray_cli(), "start", "--block", "--disable-usage-stats", *args],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # its own process group: kill() takes raylet and workers
-    )
-    return RayNode(proc, log)
 
 
 def start_head(port: int, log: Path, temp_dir: Path) -> RayNode:
@@ -370,14 +313,21 @@ class PolicyRank:
 
 
 @contextlib.contextmanager
-def prometheus(scrape_port: int, workdir: Path) -> Generator[str]:
-    """A real Prometheus on 127.0.0.1 scraping the trainer's endpoint every second."""
+def prometheus(scrape_port: int | Mapping[str, int], workdir: Path) -> Generator[str]:
+    """A real Prometheus on 127.0.0.1 scraping the trainer's endpoint every second.
+
+    ``scrape_port`` may instead map job names to ports, one scrape job each.
+    """
     port = free_port()
+    jobs = {"trainer": scrape_port} if isinstance(scrape_port, int) else scrape_port
     cfg = workdir / "prometheus.yml"
     cfg.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
-        f"  - job_name: trainer\n    static_configs: [{{targets: ['127.0.0.1:{scrape_port}']}}]\n"
+        + "".join(
+            f"  - job_name: {job}\n    static_configs: [{{targets: ['127.0.0.1:{p}']}}]\n"
+            for job, p in jobs.items()
+        )
     )
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(

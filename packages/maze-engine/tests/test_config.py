@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from maze_engine.config import (
+    CONFIG_DIR,
     LOCAL_KEY,
     MAZES_KEY,
     REFERENCE_CONFIG,
     TINY_LOCAL_CONFIG,
     LocalConfig,
+    LocalRayConfig,
     MazeDataConfig,
     WarmStartConfig,
     load_config,
@@ -159,6 +161,24 @@ def test_tiny_local_config_validates_and_keeps_its_own_sections_out_of_skyrl() -
     assert TINY_LOCAL_CONFIG in shipped_configs() and REFERENCE_CONFIG in shipped_configs()
 
 
+def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path) -> None:
+    assert load_config(TINY_LOCAL_CONFIG).local.ray == LocalRayConfig({}, 600.0)
+    config = load_config(
+        TINY_LOCAL_CONFIG,
+        [
+            "local.ray.worker_resources={rollout_node: 1, gpu: 0.5}",
+            "local.ray.start_timeout_s=null",
+        ],
+    )
+    assert config.local.ray == LocalRayConfig({"rollout_node": 1, "gpu": 0.5}, None)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        (CONFIG_DIR / "tiny_local.yaml").read_text()
+        + "  ray:\n    worker_resources: {rollout_node: 2}\n"
+    )
+    assert load_config(cfg).local.ray.worker_resources == {"rollout_node": 2}
+
+
 @pytest.mark.parametrize(
     ("override", "key", "fragment"),
     [
@@ -175,6 +195,33 @@ def test_tiny_local_config_validates_and_keeps_its_own_sections_out_of_skyrl() -
         ("local.warm_start.lr=0", "local.warm_start.lr", "must be > 0"),
         ("local.warm_start.max_seconds=0", "local.warm_start.max_seconds", "> 0 or null"),
         ("local.tiny_model.hidden_sizee=8", "local.tiny_model.hidden_sizee", "unknown key"),
+        (
+            "local.ray.worker_resorces.x=1",
+            "local.ray.worker_resorces",
+            "'local.ray.worker_resources'",
+        ),
+        ("local.ray.worker_resources=3", "local.ray.worker_resources", "3 is not a mapping"),
+        (
+            "local.ray.worker_resources.CPU=1",
+            "local.ray.worker_resources.CPU",
+            "custom Ray resource",
+        ),
+        (
+            "local.ray.worker_resources={a-b: 1}",
+            "local.ray.worker_resources.a-b",
+            "custom Ray resource",
+        ),
+        (
+            "local.ray.worker_resources.gpu_node=0",
+            "local.ray.worker_resources.gpu_node",
+            "number > 0",
+        ),
+        (
+            "local.ray.worker_resources.gpu_node=x",
+            "local.ray.worker_resources.gpu_node",
+            "number > 0",
+        ),
+        ("local.ray.start_timeout_s=0", "local.ray.start_timeout_s", "> 0 seconds or null"),
         ("mazes.train_size=0", "mazes.train_size", "must be an int >= 1"),
         ("mazes.cell_px=2", "mazes.cell_px", "must be an int >= 4"),
         ("mazes.train_preset=huge", "mazes.train_preset", "huge"),

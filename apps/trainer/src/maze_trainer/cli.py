@@ -15,7 +15,9 @@ merged model. maze-train plot RUN_DIR redraws RUN_DIR/curves.png from RUN_DIR/me
 
 Exit codes: 0 done (a submitted job: it succeeded); 1 the submitted Ray job failed or was
 stopped; 2 config or usage error; 3 SkyRL training outside the GPU image; 4 the Ray job server
-cannot be reached; 5 the address needs a package that is not installed here.
+cannot be reached; 5 the address needs a package that is not installed here; 6 the local
+engine's Ray rollout workers did not start or were lost with their node (rerun to resume from the
+latest checkpoint).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ EXIT_CONFIG_ERROR = 2
 EXIT_NEEDS_GPU_IMAGE = 3
 EXIT_JOB_SERVER_UNREACHABLE = 4
 EXIT_MISSING_PACKAGE = 5
+EXIT_WORKERS_LOST = 6
 EXIT_INTERRUPTED = 130
 OVERRIDES_HELP = (
     "key=value overrides of any config key: SkyRL's (trainer.*, generator.*, ...), "
@@ -226,8 +229,15 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2%}"
 
 
+def _latest_checkpoint(config: MazerlConfig) -> str:
+    from maze_engine.checkpoint import CheckpointManager
+
+    ckpt = CheckpointManager(Path(config.skyrl.trainer.ckpt_path)).latest_valid()
+    return f"global step {ckpt.step}" if ckpt else "none yet: it starts over"
+
+
 def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
-    from maze_engine.errors import ConfigError
+    from maze_engine.errors import ConfigError, RolloutWorkerError
 
     config = _load(config_name, overrides)
     if config is None:
@@ -246,6 +256,13 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
     except ConfigError as exc:  # found once the run directory is read
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except RolloutWorkerError as exc:
+        print(
+            f"{PROG}: {exc}; rerun with the same run directory to resume from the latest "
+            f"checkpoint ({_latest_checkpoint(config)})",
+            file=sys.stderr,
+        )
+        return EXIT_WORKERS_LOST
     stages = f"before GRPO {_pct(result.eval_before)} -> after {_pct(result.eval_after)}"
     if result.base_solve_rate is not None:
         stages = (
@@ -339,7 +356,7 @@ def _submit(
         print(f"{PROG}: Ray job {job_id} succeeded")
         return 0
     detail = f" (exit code {outcome.driver_exit_code})" if outcome.driver_exit_code else ""
-    why = f": {outcome.message}" if outcome.message else ""
+    why = f": {outcome.reason}" if outcome.reason else ""
     print(f"{PROG}: Ray job {job_id} {outcome.status.lower()}{detail}{why}", file=sys.stderr)
     return EXIT_JOB_FAILED
 

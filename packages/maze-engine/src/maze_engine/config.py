@@ -166,6 +166,44 @@ class PerceptionConfig:
                 raise ConfigError(str(exc), key=f"{where}.specs") from exc
 
 
+_RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Ray's own resources: rollout workers take one CPU each, so these cannot be custom ones.
+_RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+@dataclass(frozen=True)
+class LocalRayConfig:
+    """``local.ray``: where the local engine's Ray rollout workers run, and how long to wait."""
+
+    worker_resources: dict[str, float] = field(default_factory=dict[str, float])
+    """Custom Ray resources each rollout worker asks for besides its CPU (e.g.
+    ``{mazerl_rollout: 1}``), so the workers run only on nodes that declare them."""
+    start_timeout_s: float | None = 600.0
+    """How long to wait for the workers to be placed and load their model before the run fails
+    naming the resources no node offers; null waits forever (e.g. for an autoscaler)."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad ``local.ray.*`` key."""
+        where = f"{LOCAL_KEY}.ray"
+        for name, amount in self.worker_resources.items():
+            key = f"{where}.worker_resources.{name}"
+            if not _RAY_RESOURCE.fullmatch(name) or name in _RAY_BUILTIN_RESOURCES:
+                raise ConfigError(
+                    "must be a custom Ray resource name (letters, digits, _; not "
+                    f"{', '.join(_RAY_BUILTIN_RESOURCES)})",
+                    key=key,
+                )
+            # The schema checks only that this is a mapping; YAML can give any value.
+            value = cast(object, amount)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"must be a number > 0, got {show_value(amount)}", key=key)
+        if self.start_timeout_s is not None and self.start_timeout_s <= 0:
+            raise ConfigError(
+                f"must be > 0 seconds or null, got {show_value(self.start_timeout_s)}",
+                key=f"{where}.start_timeout_s",
+            )
+
+
 @dataclass(frozen=True)
 class LocalConfig:
     """The ``local:`` section: settings of the local CPU engine only."""
@@ -174,6 +212,7 @@ class LocalConfig:
     """Ray actors generating rollouts; 0 runs rollouts in the learner's process (no Ray)."""
     torch_threads: int = 1
     """Threads per process (learner and each worker). Fixed so runs repeat bit for bit."""
+    ray: LocalRayConfig = field(default_factory=LocalRayConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     perception: PerceptionConfig = field(default_factory=PerceptionConfig)
     tiny_base: str = "random"
@@ -199,6 +238,7 @@ class LocalConfig:
                 "must be a port number (0 = any free port) or null",
                 key=f"{LOCAL_KEY}.prometheus_port",
             )
+        self.ray.validate()
         self.warm_start.validate()
         self.perception.validate()
         if self.ckpt_s3_uri is not None:

@@ -79,3 +79,11 @@ class EngineSyncError(MazeEngineError, ConnectionError):
 
 class AdapterRefusedError(MazeEngineError, RuntimeError):
     """An inference engine answered a published adapter version with a client error."""
+
+
+class RolloutWorkerError(MazeEngineError, RuntimeError):
+    """A Ray rollout worker of the local engine that did not start in time, or died mid-run.
+
+    A worker dies with its Ray node; the run stops, and rerunning it with the same run
+    directory resumes from its latest checkpoint.
+    """

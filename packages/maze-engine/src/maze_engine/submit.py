@@ -47,6 +47,8 @@ SAGEMAKER_PACKAGE = "toolkit-for-ray-on-sagemaker-ai"
 """Provides the ``sagemaker_ray`` module Ray's job client imports for that scheme."""
 CONNECT_TIMEOUT_S = 10.0
 """How long :func:`connect` waits for the job server's port before giving up."""
+_LOG_TAIL = re.compile(r",? last available logs\b.*$")
+"""Ray's announcement of the log lines it appends to a failed job's message."""
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,22 @@ class JobOutcome:
     """Ray's ``JobStatus`` value: ``SUCCEEDED``, ``FAILED``, ``STOPPED`` (or ``PENDING`` /
     ``RUNNING`` for a job that was not followed)."""
     message: str | None = None
+    """The job server's message, whole: for a failed entrypoint Ray appends the job's last log
+    lines (up to 20,000 characters)."""
     driver_exit_code: int | None = None
 
     @property
     def succeeded(self) -> bool:
         return self.status == "SUCCEEDED"
+
+    @property
+    def reason(self) -> str | None:
+        """The message's first line, without the log tail Ray announces there; None if none.
+
+        The tail is the job's last log lines, which following the job streamed already.
+        """
+        lines = (self.message or "").strip().splitlines()
+        return _LOG_TAIL.sub("", lines[0]) if lines else None
 
 
 def build_job(

@@ -44,7 +44,12 @@ from maze_engine.decisions import EVALS_DIR, write_eval_records
 from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink, mirror_metrics
-from maze_engine.workers import RolloutWorker, lora_config_from_skyrl
+from maze_engine.workers import (
+    RolloutWorker,
+    gather,
+    lora_config_from_skyrl,
+    start_ray_workers,
+)
 from maze_env.render import Style, write_rendering
 from maze_policy.chat import Batch
 from maze_policy.lora import load_policy
@@ -62,6 +67,8 @@ log = logging.getLogger("maze_engine.trainer")
 
 BASE_MODEL_DIR = "base_model"
 """Under ``trainer.export_path``: the tiny model after its warm start (reused by later runs)."""
+RESUMES_FILE = "resumes.json"
+"""Under ``trainer.export_path``: how many times this run resumed from a checkpoint."""
 
 
 @dataclass
@@ -131,20 +138,17 @@ class Rollouts:
         model = str(model_dir.resolve()) if model_dir.exists() else str(model_dir)
         args = (model, lora_cfg, local.torch_threads, str(sync_root.resolve()))
         if self.ray:
-            import ray
-
             init_ray()
-            actor = ray.remote(num_cpus=1)(RolloutWorker)
-            self.workers: list[Any] = [actor.remote(*args) for _ in range(self.shards)]
+            self.workers: list[Any] = start_ray_workers(self.shards, args, local.ray)
         else:
             self.workers = [RolloutWorker(*args)]
 
     def load_adapter(self, version: int) -> None:
         """Make every worker load published adapter ``version`` (verified by weight-sync)."""
         if self.ray:
-            import ray
-
-            ray.get([w.load_adapter.remote(version) for w in self.workers])
+            gather(
+                [w.load_adapter.remote(version) for w in self.workers], doing="loading an adapter"
+            )
         else:
             self.workers[0].load_adapter(version)
 
@@ -175,13 +179,11 @@ class Rollouts:
             for k, (a, b) in enumerate(parts)
         ]
         if self.ray:
-            import ray
-
             futures = [
                 self.workers[k].rollout.remote(*c, max_turns=max_turns, outcomes_only=outcomes_only)
                 for k, c in enumerate(calls)
             ]
-            return [ep for chunk in ray.get(futures) for ep in chunk]
+            return [ep for chunk in gather(futures, doing="playing rollouts") for ep in chunk]
         worker = self.workers[0]
         return [
             ep
@@ -436,6 +438,9 @@ class Trainer:
         self.eval_before: float | None = None
         self._last_eval: tuple[int, dict[str, float]] | None = None
         self.history: list[dict[str, float]] = []
+        self.last_saved_unixtime: float | None = None
+        """Wall time of the newest checkpoint this run wrote or resumed from."""
+        self.resumes = 0
         local = config.local
         self.metrics = MetricsSink(
             self.run_dir / "metrics.jsonl",
@@ -474,6 +479,7 @@ class Trainer:
         )
         if self.mirror is not None:
             self.mirror.submit(ckpt.path)  # complete and verified on disk: safe to copy
+        self.last_saved_unixtime = time.time()
         return ckpt
 
     def mirror_metrics(self) -> dict[str, float]:
@@ -483,6 +489,28 @@ class Trainer:
         resumed run's history stays what an uninterrupted one's is.
         """
         return mirror_metrics(self.mirror)
+
+    def run_metrics(self) -> dict[str, float]:
+        """Checkpoint age and resume count as metrics; like the mirror's, kept out of the history.
+
+        ``checkpoint/last_saved_unixtime`` (absent before the first checkpoint) lets a dashboard
+        show the age of the newest checkpoint as ``time() - ...``; ``checkpoint/resumes`` counts
+        the resumes of this run directory.
+        """
+        out = {"checkpoint/resumes": float(self.resumes)}
+        if self.last_saved_unixtime is not None:
+            out["checkpoint/last_saved_unixtime"] = self.last_saved_unixtime
+        return out
+
+    def count_resume(self) -> int:
+        """Record one more resume of this run directory; returns the count so far."""
+        path = self.run_dir / RESUMES_FILE
+        recorded = fs.read_json(path)
+        done = 0
+        if isinstance(recorded, dict):
+            done = int(cast(dict[str, int], recorded).get("resumes", 0))
+        fs.atomic_write_json(path, {"resumes": done + 1})
+        return done + 1
 
     def load_checkpoint(self, ckpt: Checkpoint) -> None:
         """Restore weights, optimizer, RNGs, data position and history from ``ckpt``."""
@@ -632,6 +660,7 @@ class Trainer:
         fault("update", self.global_step)
         t0 = time.perf_counter()
         version = self.publish_adapter()
+        t_publish = time.perf_counter() - t0
         self.rollouts.load_adapter(version)
         t_sync = time.perf_counter() - t0
 
@@ -649,6 +678,9 @@ class Trainer:
                 "timing/generate": t_generate,
                 "timing/policy_train": t_train,
                 "timing/sync_weights": t_sync,
+                # The cluster path's names (lora_sync.SyncStats): one dashboard panel for both.
+                "weight_sync/publish_s": t_publish,
+                "weight_sync/handover_s": t_sync - t_publish,
                 "adapter/version": float(version),
             }
         )
@@ -662,6 +694,8 @@ class Trainer:
         if ckpt is not None:
             self.load_checkpoint(ckpt)
             self.say(f"resumed from {ckpt.path} (global step {ckpt.step})")
+            self.resumes = self.count_resume()
+            self.last_saved_unixtime = ckpt.path.stat().st_mtime
         elif str(t.resume_mode) == "latest" and self.ckpts.steps():
             self.say("no checkpoint verified; starting from scratch")
         self.rollouts.load_adapter(self.publish_adapter())
@@ -704,7 +738,7 @@ class Trainer:
                 m["timing/save_checkpoint"] = time.perf_counter() - t0
             else:
                 self.history.append({"global_step": float(self.global_step), **m})
-            self.metrics.log(self.global_step, {**m, **self.mirror_metrics()})
+            self.metrics.log(self.global_step, {**m, **self.mirror_metrics(), **self.run_metrics()})
             if "eval/all/pass_at_1" in m:
                 self.draw_curves()
             if bar is not None:

@@ -3,6 +3,12 @@
 A worker owns a copy of the base model and the current LoRA adapter. Adapters arrive through
 weight-sync exactly as vLLM engines on the cluster get them: the learner publishes a version to
 the shared ``lora_sync_path`` and the worker loads that verified version from disk.
+
+As Ray actors (:func:`start_ray_workers`) they run on the nodes that offer
+``local.ray.worker_resources``; :func:`gather` collects their results and turns a worker lost
+with its node into one :class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray
+fails its call. Workers that no node can take fail the run after ``local.ray.start_timeout_s``
+instead of leaving it pending forever.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from maze_engine.errors import AdapterLoadError
+from maze_engine.errors import AdapterLoadError, RolloutWorkerError
 from maze_policy.chat import Trajectory
 from maze_policy.lora import load_policy, lora_config
 from maze_policy.rollout import Episode, run_episodes
@@ -20,6 +26,8 @@ from maze_policy.sampling import SamplingParams
 if TYPE_CHECKING:
     from peft import LoraConfig
     from skyrl.train.config import SkyRLLoraConfig
+
+    from maze_engine.config import LocalRayConfig
 
 
 def lora_config_from_skyrl(lora: SkyRLLoraConfig) -> LoraConfig:
@@ -40,6 +48,12 @@ class RolloutWorker:
         self.policy = load_policy(model_dir, lora_cfg, threads)
         self.sync_root = sync_root
         self.version: int | None = None
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (answers once the model is loaded)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def load_adapter(self, version: int) -> int:
         """Load a published, verified adapter version; returns the version now active."""
@@ -94,3 +108,84 @@ class RolloutWorker:
             else:
                 ep.trajectory.images = []
         return episodes
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def gather(futures: Sequence[Any], *, doing: str, timeout: float | None = None) -> list[Any]:
+    """The results of calls on Ray rollout workers, in order.
+
+    Ray fails a call on a worker whose process or node died, and ``ray.get`` raises as soon as
+    one call of the list has failed, whatever the others are doing: the run stops at once.
+
+    Args:
+        futures: Object refs of calls on rollout worker actors.
+        doing: What the calls do, for the error message (``playing rollouts``, ``starting``).
+        timeout: Seconds to wait for all of them; None waits as long as the workers live.
+
+    Raises:
+        RolloutWorkerError: A worker died (with its node, say), or ``timeout`` ran out.
+    """
+    import ray
+    from ray.exceptions import (
+        GetTimeoutError,
+        NodeDiedError,
+        ObjectLostError,
+        RayActorError,
+        WorkerCrashedError,
+    )
+
+    try:
+        return list(ray.get(list(futures), timeout=timeout))
+    except GetTimeoutError:
+        ready, _ = cast(
+            tuple[list[Any], list[Any]],
+            ray.wait(list(futures), num_returns=len(futures), timeout=0),
+        )
+        raise RolloutWorkerError(
+            f"{len(futures) - len(ready)} of {len(futures)} calls ({doing}) unfinished after "
+            f"{timeout:g} s"
+        ) from None
+    except (RayActorError, ObjectLostError, NodeDiedError, WorkerCrashedError) as exc:
+        raise RolloutWorkerError(
+            f"a rollout worker was lost while {doing} (its Ray node may have died): "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+
+
+def start_ray_workers(count: int, args: tuple[Any, ...], settings: LocalRayConfig) -> list[Any]:
+    """``count`` :class:`RolloutWorker` Ray actors, each on a node with the resources asked for.
+
+    Each takes one CPU plus ``settings.worker_resources``. Returns once every worker has loaded
+    its model, so a cluster where no node offers those resources fails here within
+    ``settings.start_timeout_s``, naming them, instead of leaving the run pending forever.
+
+    Raises:
+        RolloutWorkerError: The workers did not all start in time, or one died starting.
+    """
+    import ray
+
+    resources = dict(settings.worker_resources)
+    actor = ray.remote(RolloutWorker).options(num_cpus=1, resources=resources or None)
+    workers: list[Any] = [actor.remote(*args) for _ in range(count)]
+    try:
+        gather(
+            [w.node_id.remote() for w in workers],
+            doing="starting",
+            timeout=settings.start_timeout_s,
+        )
+    except RolloutWorkerError as exc:
+        for w in workers:
+            ray.kill(w)
+        offered = cast(dict[str, float], ray.cluster_resources())
+        need = {"CPU": float(count), **{k: v * count for k, v in resources.items()}}
+        have = {k: offered.get(k, 0.0) for k in need}
+        raise RolloutWorkerError(
+            f"rollout workers did not start ({count} asked for): {exc}; they need {need}, the "
+            f"alive Ray nodes offer {have} in all (local.ray.worker_resources, "
+            "local.ray.start_timeout_s)"
+        ) from exc
+    return workers
