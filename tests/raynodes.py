@@ -242,7 +242,7 @@ class JobCluster:
         left = [
             p
             for p in psutil.process_iter(["cmdline"])
-            if str(self.root) in " ".join(p.info["cmdline"] or ()) and p.pid != os.getpid()
+            if f"{self.root}{os.sep}" in " ".join(p.info["cmdline"] or ()) and p.pid != os.getpid()
         ]
         for p in left:
             with contextlib.suppress(psutil.NoSuchProcess):
