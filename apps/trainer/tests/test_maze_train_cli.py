@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from maze_engine.decisions import layout_class
+from maze_env import get_eval_set
+
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
@@ -163,13 +166,21 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
         "local.warm_start.eval_every=3",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"^before: solve [\d.]+% \(\d/2\)", proc.stdout, re.M), proc.stdout
-    assert re.search(r"^after 3 steps / \d+ s: solve [\d.]+% \(\d/2\)", proc.stdout, re.M)
+    assert "base: random init" in proc.stdout  # tiny_local's local.tiny_base
+    # Scored on the eval set's first mazes (tiny-64 for tiny_local) at the main job's budget.
+    assert re.search(r"^before: tiny-64 solve [\d.]+% \(\d/2\)", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^after 3 steps / \d+ s: tiny-64 solve [\d.]+% \(\d/2\)", proc.stdout, re.M)
     assert f"saved {out}" in proc.stdout
     report = json.loads((out / "sft_report.json").read_text())
     assert report["steps_done"] == 3 and len(report["losses"]) == 3
     assert report["config"]["spec"] == "5x5" and report["config"]["batch_size"] == 2
     assert [e["step"] for e in report["evals"]] == [3]  # local.warm_start.eval_every
+    # First moves on the eval set are tracked after the last step (track_every is 200).
+    (moves,) = report["first_moves"]
+    classes = {layout_class(m) for m in get_eval_set("tiny-64").mazes}
+    assert moves["step"] == 3 and set(moves) == {"step", "all", *classes}
+    assert all(0.0 <= v <= 1.0 for k, v in moves.items() if k != "step")
+    assert "first_move/all" in proc.stdout
     from maze_policy.model import load_vlm
 
     model, _processor = load_vlm(out)
@@ -190,6 +201,20 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
     assert again.returncode == 0, again.stderr[-3000:]
     assert not (tmp_path / "ws2" / "_init").exists()
     assert json.loads((tmp_path / "ws2" / "sft_report.json").read_text())["steps_done"] == 1
+    # Without --base it starts where the main job starts: the config's local.tiny_base.
+    pretrained = run(
+        "warm-start",
+        "--config",
+        "heldout_7x7",
+        "--out",
+        str(tmp_path / "ws3"),
+        "local.warm_start.steps=0",
+        "local.warm_start.eval_mazes=1",
+        "local.warm_start.max_new_tokens=8",
+    )
+    assert pretrained.returncode == 0, pretrained.stderr[-3000:]
+    assert "base: tiny-qwen3vl-perception" in pretrained.stdout
+    assert "before: small-64 solve" in pretrained.stdout
 
 
 def test_warm_start_usage_and_config_errors() -> None:

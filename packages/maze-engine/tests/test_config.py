@@ -194,6 +194,9 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
         ("local.warm_start.steps=-1", "local.warm_start.steps", "must be an int >= 0"),
         ("local.warm_start.lr=0", "local.warm_start.lr", "must be > 0"),
         ("local.warm_start.max_seconds=0", "local.warm_start.max_seconds", "> 0 or null"),
+        ("local.warm_start.decision_weight=0.5", "local.warm_start.decision_weight", ">= 1"),
+        ("local.warm_start.decision_weight=.nan", "local.warm_start.decision_weight", ">= 1"),
+        ("local.warm_start.track_every=-1", "local.warm_start.track_every", "an int >= 0"),
         ("local.tiny_model.hidden_sizee=8", "local.tiny_model.hidden_sizee", "unknown key"),
         (
             "local.ray.worker_resorces.x=1",

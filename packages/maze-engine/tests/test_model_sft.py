@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from maze_engine.config import WarmStartConfig
@@ -97,3 +98,69 @@ def test_run_sft_trains_every_step_unless_max_seconds_stops_it(tiny_policy: Poli
         cell_px=32,
     )
     assert capped.steps_done == 1
+
+
+def test_run_sft_tracks_first_moves_every_track_every_steps_and_after_the_last(
+    tiny_policy: Policy,
+) -> None:
+    from maze_engine.decisions import first_move_rates
+
+    calls: list[int] = []
+
+    def track() -> dict[str, float]:
+        calls.append(len(calls))
+        return first_move_rates(tiny_policy, "tiny-64", cell_px=32, max_new_tokens=4)
+
+    logged: list[dict[str, float]] = []
+    report = run_sft(
+        tiny_policy,
+        WarmStartConfig(steps=5, batch_size=1, warmup_steps=1, track_every=2),
+        spec="5x5",
+        seed=0,
+        cell_px=32,
+        track=track,
+        log=logged.append,
+    )
+    assert [row["step"] for row in report.first_moves] == [2, 4, 5]
+    assert len(calls) == 3
+    rates = report.first_moves[-1]
+    # "all" is the mazes' mean, so it lies within the per-class rates.
+    classes = [v for k, v in rates.items() if k not in ("step", "all")]
+    assert classes and min(classes) <= rates["all"] <= max(classes)
+    assert [row["step"] for row in logged if "first_move/all" in row] == [2, 4, 5]
+    # track_every=0 turns tracking off.
+    off = run_sft(
+        tiny_policy,
+        WarmStartConfig(steps=2, batch_size=1, warmup_steps=1, track_every=0),
+        spec="5x5",
+        seed=0,
+        cell_px=32,
+        track=track,
+    )
+    assert off.first_moves == [] and len(calls) == 3
+
+
+def test_decision_weight_counts_the_justification_and_action_tokens_that_many_times(
+    tiny_policy: Policy,
+) -> None:
+    from maze_engine.sft import decision_positions
+
+    maze = generate("5x5", 0)
+    trajs = [oracle_episode(tiny_policy, maze)]
+    batch = tiny_policy.collate(trajs)
+    # The system prompt names the tags too; only the replies' tokens carry loss.
+    decisions = decision_positions(tiny_policy, batch.input_ids) & batch.loss_mask.bool()
+    # Two decision tokens per reply: the justification and the action word.
+    assert int(decisions.sum()) == 2 * (maze.optimal_moves + 1)
+    tok = tiny_policy.processor.tokenizer
+    words = {tok.decode([int(i)]) for i in batch.input_ids[decisions]}
+    assert {d.word for d in maze.optimal_actions} | {"stop"} <= words
+    with torch.no_grad():
+        lp = sequence_logprobs(tiny_policy.model, batch, suppress_ids=tiny_policy.suppress_ids)
+        plain = float(sft_loss(tiny_policy, trajs))
+        weighted = float(sft_loss(tiny_policy, trajs, decision_weight=5.0))
+    mask = batch.loss_mask
+    assert plain == pytest.approx(float(-(lp * mask).sum() / mask.sum()), rel=1e-5)
+    w = mask * (1 + 4 * decisions.float())
+    assert weighted == pytest.approx(float(-(lp * w).sum() / w.sum()), rel=1e-5)
+    assert abs(weighted - plain) > 1e-4  # the weighting is applied, not a no-op

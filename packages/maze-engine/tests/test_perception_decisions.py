@@ -65,6 +65,44 @@ def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
     assert layout_class(m) in rates
 
 
+def test_the_decisions_report_compares_the_first_and_last_evaluation(tmp_path: Path) -> None:
+    import json
+
+    from maze_engine.decisions import EVALS_DIR, write_decisions_report
+
+    assert write_decisions_report(tmp_path) is None  # no evaluations recorded
+    evals = tmp_path / EVALS_DIR
+    evals.mkdir()
+
+    def record(step: int, oracle: bool) -> None:
+        lines: list[str] = []
+        for seed in (3, 4):
+            _maze, replies = _oracle_replies("7x7", seed)
+            played = replies if oracle else ["<action>stop</action>"]
+            lines.append(
+                json.dumps(
+                    {
+                        "preset": "7x7",
+                        "seed": seed,
+                        "step_budget": 20,
+                        "replies": played,
+                        "solved": oracle,
+                    }
+                )
+            )
+        (evals / f"step_{step}.jsonl").write_text("\n".join(lines) + "\n")
+
+    record(0, oracle=False)
+    assert write_decisions_report(tmp_path) is None  # one evaluation: nothing to compare
+    record(20, oracle=True)
+    record(10, oracle=False)  # the middle one is not compared: steps are ordered numerically
+    out = write_decisions_report(tmp_path)
+    assert out is not None and out == tmp_path / "decisions.md"
+    text = out.read_text()
+    assert text.startswith("# Decisions: global step 0 -> 20")
+    assert "| all | 2 | 0% -> 100% | - -> 100% | - -> 100% | - -> - |" in text
+
+
 def test_transcription_marks_agent_goal_and_walls() -> None:
     maze = generate("5x5", 1)
     text = transcription(maze, maze.start).split("\n")

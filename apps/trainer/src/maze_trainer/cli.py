@@ -120,7 +120,7 @@ def _warm_start_parser() -> argparse.ArgumentParser:
         "--base",
         type=Path,
         metavar="DIR",
-        help="start from this model directory instead of a fresh tiny VLM",
+        help="start from this model directory instead of the config's local.tiny_base",
     )
     p.add_argument(
         "--config", default="tiny_local", help="config name or YAML path (default %(default)s)"
@@ -249,6 +249,7 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
         print(f"mazes: {config.mazes}")
         print(f"local: {config.local}")
         return 0
+    from maze_engine.decisions import DECISIONS_FILE
     from maze_engine.trainer import train
 
     try:
@@ -272,6 +273,9 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
         )
     print(f"{config.mazes.eval_set} solve rate: {stages} (global step {result.global_step})")
     print(f"final adapter: {result.final_adapter}")
+    decisions = result.run_dir / DECISIONS_FILE
+    if decisions.is_file():
+        print(f"what GRPO changed, per layout class: {decisions}")
     print(
         f"checkpoints: {config.skyrl.trainer.ckpt_path}  metrics: {result.run_dir / 'metrics.jsonl'}"
     )
@@ -389,32 +393,42 @@ def warm_start_main(argv: Sequence[str]) -> int:
         return EXIT_CONFIG_ERROR
     import torch
 
+    from maze_engine.data import eval_slack
     from maze_engine.sft import evaluate_policy, run_sft, save_merged
-    from maze_engine.trainer import held_out_hashes
-    from maze_policy.model import TinyVLMConfig, build_tiny_vlm, load_vlm
+    from maze_engine.trainer import first_move_tracker, held_out_hashes, tiny_base_dir
+    from maze_env import get_eval_set
+    from maze_policy.model import load_vlm
     from maze_policy.policy import Policy
 
     torch.set_num_threads(config.local.torch_threads)
     seed = int(config.skyrl.trainer.seed)
     ws, mazes = config.local.warm_start, config.mazes
-    base = args.base or build_tiny_vlm(
-        args.out / "_init", seed=seed, config=TinyVLMConfig(**config.local.tiny_model)
+    # The main job's base unless --base names one: local.tiny_base (random init, a shipped
+    # artifact or a directory).
+    base, label = (
+        (args.base, str(args.base)) if args.base else tiny_base_dir(config, args.out / "_init")
     )
+    print(f"base: {label}", flush=True)
     model, processor = load_vlm(base)
     policy = Policy(model, processor)
-    seeds = tuple(range(ws.eval_mazes))
+    # The eval set's first mazes at the main job's turn budget, so that this figure and the
+    # main job's agree for the same model.
+    es = get_eval_set(mazes.eval_set)
+    seeds = es.seeds[: ws.eval_mazes]
+    slack = eval_slack(config.max_turns, mazes.eval_set)
 
     def evaluate() -> str:
         res = evaluate_policy(
             policy,
-            mazes.train_preset,
+            es.spec.name,
             seeds,
             cell_px=mazes.cell_px,
             max_new_tokens=ws.max_new_tokens,
+            slack=slack,
         )
         return (
-            f"solve {res.solve_rate:.2%} ({res.solved}/{res.episodes}), valid actions "
-            f"{res.valid_action_rate:.2%}, mean turns {res.mean_turns:.1f}"
+            f"{mazes.eval_set} solve {res.solve_rate:.2%} ({res.solved}/{res.episodes}), "
+            f"valid actions {res.valid_action_rate:.2%}, mean turns {res.mean_turns:.1f}"
         )
 
     print(f"before: {evaluate()}", flush=True)
@@ -426,6 +440,8 @@ def warm_start_main(argv: Sequence[str]) -> int:
         cell_px=mazes.cell_px,
         avoid=held_out_hashes(config),
         log=lambda row: print(row, flush=True),
+        track=first_move_tracker(config, policy),
+        slack=slack,
     )
     print(f"after {report.steps_done} steps / {report.seconds:.0f} s: {evaluate()}", flush=True)
     save_merged(policy, args.out, report)

@@ -15,6 +15,7 @@ naming the key.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -103,7 +104,13 @@ class WarmStartConfig:
     eval_every: int = 0
     """Greedy evaluation every this many steps (``maze-train warm-start``); 0 = never."""
     eval_mazes: int = 32
+    track_every: int = 200
+    """Greedy first moves on the eval set every this many steps and at the end, per layout
+    class (the route choice the loss hides); 0 = never."""
     max_new_tokens: int = 32
+    decision_weight: float = 1.0
+    """Loss weight of each decision token (the justification and the action word) relative to
+    the reply's other tokens; 1 is the plain mean."""
     freeze_patch_embed: bool = True
     """Keep the vision patch projection fixed: its weight gradient is a CPU step's costliest op."""
 
@@ -111,9 +118,15 @@ class WarmStartConfig:
         """Raise :class:`ConfigError` naming the first bad ``local.warm_start.*`` key."""
         where = f"{LOCAL_KEY}.warm_start"
         _at_least(self, where, steps=0, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
+        _at_least(self, where, track_every=0)
         _at_least(self, where, max_new_tokens=1)
         if self.lr <= 0:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
+        if not self.decision_weight >= 1.0 or math.isinf(self.decision_weight):
+            raise ConfigError(
+                f"must be a finite number >= 1, got {show_value(self.decision_weight)}",
+                key=f"{where}.decision_weight",
+            )
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ConfigError(
                 f"must be > 0 or null, got {show_value(self.max_seconds)}",

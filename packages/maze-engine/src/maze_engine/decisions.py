@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from maze_env import Maze
+    from maze_policy.policy import Policy
     from maze_policy.rollout import Episode
 
 Pos = tuple[int, int]
 EVALS_DIR = "evals"
 """Under the run directory: one ``step_<N>.jsonl`` of episodes per evaluation."""
+DECISIONS_FILE = "decisions.md"
+"""Under the run directory: the first evaluation's decisions against the last one's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,73 @@ def summarize(episodes: Sequence[Replayed]) -> dict[str, Any]:
     return {"all": block(episodes), **{k: block(v) for k, v in sorted(by_class.items())}}
 
 
+def first_moves(
+    policy: Policy,
+    eval_set: str,
+    *,
+    cell_px: int,
+    max_new_tokens: int = 32,
+    slack: int | None = None,
+) -> list[bool | None]:
+    """Whether the greedy first reply on each of ``eval_set``'s mazes is a good move (in order).
+
+    One turn per maze, so it is cheap enough to run during training: the route choice is the
+    decision the loss hides (about one token of an episode's ~100). ``slack`` sets the turn
+    budget the prompt states (maze-env's default if None): the replies depend on it.
+    """
+    from maze_env import DEFAULT_SLACK, get_eval_set
+    from maze_env.export import build_rows
+    from maze_env.render import Style
+    from maze_policy.rollout import run_episodes
+    from maze_policy.sampling import SamplingParams
+
+    es = get_eval_set(eval_set)
+    rows = build_rows(
+        es.spec,
+        es.seeds,
+        split="validation",
+        slack=DEFAULT_SLACK if slack is None else slack,
+        style=Style(cell_px=cell_px),
+    )
+    eps = run_episodes(
+        policy,
+        rows,
+        sampling=SamplingParams(greedy=True, max_new_tokens=max_new_tokens),
+        seed=0,
+        max_turns=1,
+    )
+    return [
+        replay(maze, ep.replies[:1], maze.step_budget()).first_move_good
+        for maze, ep in zip(es.mazes, eps, strict=True)
+    ]
+
+
+def first_move_rates(
+    policy: Policy,
+    eval_set: str,
+    *,
+    cell_px: int,
+    max_new_tokens: int = 32,
+    slack: int | None = None,
+) -> dict[str, float]:
+    """:func:`first_moves` as rates: ``all`` and one per layout class.
+
+    A first reply that is not a move counts as a bad first move.
+    """
+    from maze_env import get_eval_set
+
+    mazes = get_eval_set(eval_set).mazes
+    good = first_moves(
+        policy, eval_set, cell_px=cell_px, max_new_tokens=max_new_tokens, slack=slack
+    )
+    by_class: dict[str, list[bool]] = defaultdict(list)
+    for maze, g in zip(mazes, good, strict=True):
+        by_class[layout_class(maze)].append(bool(g))
+    rates = {"all": sum(bool(g) for g in good) / len(good)}
+    rates.update({k: sum(v) / len(v) for k, v in sorted(by_class.items())})
+    return rates
+
+
 def write_eval_records(
     path: Path, rows: Sequence[Mapping[str, Any]], episodes: Sequence[Episode]
 ) -> None:
@@ -192,3 +262,32 @@ def compare_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
         ]
         lines.append(f"| {key} | {a['episodes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def write_decisions_report(run_dir: Path) -> Path | None:
+    """Write ``decisions.md``: what changed between the run's first and last evaluation.
+
+    Read from the run's own records (``evals/step_<N>.jsonl``); None when fewer than two
+    evaluations were recorded.
+    """
+    from weight_sync import fs
+
+    records = sorted(
+        (int(p.stem.removeprefix("step_")), p)
+        for p in (run_dir / EVALS_DIR).glob("step_*.jsonl")
+        if p.stem.removeprefix("step_").isdigit()
+    )
+    if len(records) < 2:
+        return None
+    (first, before), (last, after) = records[0], records[-1]
+    table = compare_table(summarize(read_eval_records(before)), summarize(read_eval_records(after)))
+    text = (
+        f"# Decisions: global step {first} -> {last}\n\n"
+        f"Greedy evaluation episodes replayed from `{EVALS_DIR}/{before.name}` and "
+        f"`{EVALS_DIR}/{after.name}`; a decision is good when it keeps the agent on a shortest "
+        "path.\n\n"
+        f"{table}\n"
+    )
+    out = run_dir / DECISIONS_FILE
+    fs.atomic_write_text(out, text, durable=False)
+    return out

@@ -189,25 +189,14 @@ def probe(
     right). ``neighbour_accuracy``: the squares next to the agent read right in the
     transcription task.
     """
-    from maze_engine.decisions import distances, layout_class, replay
+    from maze_engine.decisions import distances, first_moves, layout_class
     from maze_env import get_eval_set
-    from maze_env.export import build_rows
-    from maze_env.render import Style
-    from maze_policy.rollout import run_episodes
-    from maze_policy.sampling import SamplingParams
 
     es = get_eval_set(eval_set)
-    rows = build_rows(es.spec, es.seeds, split="validation", style=Style(cell_px=cell_px))
-    eps = run_episodes(
-        policy,
-        rows,
-        sampling=SamplingParams(greedy=True, max_new_tokens=max_new_tokens),
-        seed=0,
-        max_turns=1,
-    )
+    firsts = first_moves(policy, eval_set, cell_px=cell_px, max_new_tokens=max_new_tokens)
     reads = _square_hits(policy, [(m, m.start) for m in es.mazes], cell_px=cell_px)
     by_class: dict[str, list[tuple[bool | None, float]]] = {}
-    for maze, ep, hits in zip(es.mazes, eps, reads, strict=True):
+    for maze, first, hits in zip(es.mazes, firsts, reads, strict=True):
         cols = maze.shape[1]
         near = [
             hits[r * cols + c]
@@ -215,15 +204,15 @@ def probe(
             if 0 <= (r := maze.start[0] + dr) < maze.shape[0]
             and 0 <= (c := maze.start[1] + dc) < cols
         ]
-        first = replay(maze, ep.replies[:1], maze.step_budget()).first_move_good
-        key = layout_class(maze, distances(maze))
-        by_class.setdefault(key, []).append((first, sum(near) / len(near)))
+        by_class.setdefault(layout_class(maze, distances(maze)), []).append(
+            (first, sum(near) / len(near))
+        )
     out: dict[str, Any] = {}
     for key, items in sorted(by_class.items()):
-        firsts = [f for f, _ in items if f is not None]
+        good = [f for f, _ in items if f is not None]
         out[key] = {
             "mazes": len(items),
-            "first_move_good": sum(firsts) / len(firsts) if firsts else None,
+            "first_move_good": sum(good) / len(good) if good else None,
             "neighbour_accuracy": sum(n for _, n in items) / len(items),
         }
     return out

@@ -135,6 +135,8 @@ class SFTReport:
     losses: list[float] = field(default_factory=list[float])
     action_accuracy: list[float] = field(default_factory=list[float])
     evals: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
+    first_moves: list[dict[str, float]] = field(default_factory=list[dict[str, float]])
+    """Every ``track_every`` steps: ``step`` and the greedy first-move rates on the eval set."""
     seconds: float = 0.0
     steps_done: int = 0
     base_solve_rate: float | None = None
@@ -143,12 +145,36 @@ class SFTReport:
     """What that model was (``random init``, an artifact's name)."""
 
 
-def sft_loss(policy: Policy, trajectories: Sequence[Trajectory]) -> torch.Tensor:
-    """Mean negative log-likelihood per assistant token (the policy distribution, T = 1)."""
+DECISION_TAGS = ("<justification>", "<action>")
+"""The reply token right after each of these carries the decision: the tokenizer writes a whole
+justification (``Moving right follows ...``) and the action word as one token each."""
+
+
+def decision_positions(policy: Policy, input_ids: torch.Tensor) -> torch.Tensor:
+    """True where a token directly follows one of :data:`DECISION_TAGS`."""
+    vocab = policy.processor.tokenizer.get_vocab()
+    after = torch.zeros_like(input_ids, dtype=torch.bool)
+    for tag in DECISION_TAGS:
+        if tag in vocab:
+            after[:, 1:] |= input_ids[:, :-1] == int(vocab[tag])
+    return after
+
+
+def sft_loss(
+    policy: Policy, trajectories: Sequence[Trajectory], *, decision_weight: float = 1.0
+) -> torch.Tensor:
+    """Mean negative log-likelihood per assistant token (the policy distribution, T = 1).
+
+    ``decision_weight`` > 1 counts each decision token (:func:`decision_positions`) that many
+    times: one route choice is ~1 token of an episode's ~100, so its error barely moves the mean.
+    """
     batch = policy.collate(trajectories)
     lp = sequence_logprobs(policy.model, batch, suppress_ids=policy.suppress_ids)
-    mask = batch.loss_mask
-    return -(lp * mask).sum() / mask.sum().clamp(min=1)
+    weight = batch.loss_mask.to(lp.dtype)
+    if decision_weight != 1.0:
+        decisions = decision_positions(policy, batch.input_ids).to(lp.dtype)
+        weight = weight * (1.0 + (decision_weight - 1.0) * decisions)
+    return -(lp * weight).sum() / weight.sum().clamp(min=1)
 
 
 def supervised_step(
@@ -157,9 +183,11 @@ def supervised_step(
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
     params: Sequence[torch.Tensor],
+    *,
+    decision_weight: float = 1.0,
 ) -> torch.Tensor:
     """One optimizer step on :func:`sft_loss` (gradients clipped to norm 1); returns the loss."""
-    loss = sft_loss(policy, trajectories)
+    loss = sft_loss(policy, trajectories, decision_weight=decision_weight)
     opt.zero_grad(set_to_none=True)
     loss.backward()  # pyright: ignore[reportUnknownMemberType]
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -209,11 +237,16 @@ def run_sft(
     avoid: Collection[str] = (),
     out_dir: str | Path | None = None,
     log: Callable[[dict[str, float]], None] | None = None,
+    track: Callable[[], dict[str, float]] | None = None,
+    slack: int | None = None,
 ) -> SFTReport:
     """Train ``policy.model`` in place on oracle episodes of ``spec`` mazes.
 
     Stops after ``config.steps`` steps, or ``config.max_seconds`` of training time when set.
     Mazes whose ``content_hash`` is in ``avoid`` (a held-out eval set's) are skipped.
+    ``track`` (e.g. :func:`maze_engine.decisions.first_move_rates` on the eval set) runs every
+    ``config.track_every`` steps and after the last; ``slack`` is the periodic evaluations'
+    turn slack (the main job's, so both report the same figure; maze-env's default if None).
     Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
     eval sets' small seeds; ``out_dir`` saves the merged model there.
     """
@@ -244,10 +277,26 @@ def run_sft(
                 mazes.append(maze)
         trajs = [oracle_episode(policy, maze, cell_px=cell_px) for maze in mazes]
         model.train()
-        loss = supervised_step(policy, trajs, opt, sched, params)
+        loss = supervised_step(
+            policy, trajs, opt, sched, params, decision_weight=config.decision_weight
+        )
         train_time += time.perf_counter() - ts
         report.losses.append(float(loss.detach()))
         report.steps_done = step + 1
+        last = step + 1 == config.steps or (
+            config.max_seconds is not None and train_time >= config.max_seconds
+        )
+        if (
+            track is not None
+            and config.track_every
+            and ((step + 1) % config.track_every == 0 or last)
+        ):
+            model.eval()
+            rates = track()
+            report.first_moves.append({"step": float(step + 1), **rates})
+            if log is not None:
+                moves = {f"first_move/{k}": v for k, v in rates.items()}
+                log({"step": step + 1, "loss": float(loss.detach()), **moves})
         if config.eval_every and (step + 1) % config.eval_every == 0:
             model.eval()
             res = evaluate_policy(
@@ -256,6 +305,7 @@ def run_sft(
                 tuple(range(config.eval_mazes)),
                 cell_px=cell_px,
                 max_new_tokens=config.max_new_tokens,
+                slack=slack,
             )
             row = {
                 "step": step + 1,

@@ -39,8 +39,14 @@ from maze_engine.checkpoint import (
     write_train_state,
 )
 from maze_engine.config import TINY_MODEL, LocalConfig, MazerlConfig
-from maze_engine.data import PromptLoader, check_held_out, export_datasets, read_rows
-from maze_engine.decisions import EVALS_DIR, write_eval_records
+from maze_engine.data import (
+    PromptLoader,
+    check_held_out,
+    eval_slack,
+    export_datasets,
+    read_rows,
+)
+from maze_engine.decisions import EVALS_DIR, write_decisions_report, write_eval_records
 from maze_engine.faults import fault
 from maze_engine.grpo import compute_advantages, policy_loss
 from maze_engine.metrics import MetricsSink, mirror_metrics
@@ -282,6 +288,27 @@ def held_out_hashes(config: MazerlConfig) -> frozenset[str]:
     return frozenset(m.content_hash() for m in get_eval_set(config.mazes.eval_set).mazes)
 
 
+def first_move_tracker(config: MazerlConfig, policy: Policy) -> Callable[[], dict[str, float]]:
+    """The warm start's tracker: greedy first moves on the eval set, per layout class.
+
+    Its prompts state the turn budget the main job's evaluation gives.
+    """
+    from maze_engine.decisions import first_move_rates
+
+    slack = eval_slack(config.max_turns, config.mazes.eval_set)
+
+    def track() -> dict[str, float]:
+        return first_move_rates(
+            policy,
+            config.mazes.eval_set,
+            cell_px=config.mazes.cell_px,
+            max_new_tokens=config.local.warm_start.max_new_tokens,
+            slack=slack,
+        )
+
+    return track
+
+
 def warm_start(
     config: MazerlConfig, policy: Policy, base: tuple[float | None, str], out: Path
 ) -> Path:
@@ -310,6 +337,7 @@ def warm_start(
                 cell_px=config.mazes.cell_px,
                 avoid=held_out_hashes(config),
                 log=on_log,
+                track=first_move_tracker(config, policy),
             )
             if ws.steps
             else SFTReport(config={"steps": 0})
@@ -759,6 +787,7 @@ class Trainer:
             if not done:
                 self.metrics.log(self.global_step, ev)
         self.draw_curves()
+        write_decisions_report(self.run_dir)
         final = self.run_dir / "final_adapter"
         latest = self.store.latest()
         assert latest is not None
