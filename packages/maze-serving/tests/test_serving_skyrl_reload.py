@@ -55,6 +55,9 @@ def test_reload_replaces_in_place_and_reports_the_verified_version(
 
     r = _load(server, NAME, str(v1.path))
     assert r.status_code == 200 and "version 1" in r.text, r.text
+    # Its token series exist before its first request, so rate() counts that one too.
+    metrics = httpx.get(f"{server}/metrics", timeout=10).text
+    assert f'maze_serving_generation_tokens_total{{model="{BASE}:{NAME}"}}' in metrics
     first = _logprobs(server, NAME, maze_messages)
     assert _served(server)[f"{BASE}:{NAME}"]["weight_sync_version"] == 1
     assert first != base_lp  # the adapter is applied

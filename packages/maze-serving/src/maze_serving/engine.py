@@ -233,6 +233,7 @@ class ServingEngine:
         self.config = config
         self.metrics = metrics or ServingMetrics()
         self.base_name = config.base_name
+        self.metrics.count_model(self.base_name)
         self._before_load = before_load
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maze-serve-gen")
         self._lock = threading.Lock()
@@ -383,6 +384,7 @@ class ServingEngine:
                 raise BadRequestError(f"LoRA adapter {name!r} is already loaded")
         fut = self._worker.submit(self._load_adapter_sync, name, path, None)
         await asyncio.wrap_future(fut)
+        self.metrics.count_model(f"{self.base_name}:{name}")
 
     async def reload_adapter(self, name: str, path: str) -> int | None:
         """Load ``path`` as ``name``, replacing an adapter of that name in place.
@@ -410,6 +412,7 @@ class ServingEngine:
             if old is not None and old in self._adapters:
                 self._adapters[old].retired = True
             self._retire_idle()
+        self.metrics.count_model(f"{self.base_name}:{name}")
         if version is not None:
             self.metrics.active_adapter_version.set(version)
         log.info("reloaded adapter %s from %s (version %s)", name, path, version)
@@ -461,6 +464,7 @@ class ServingEngine:
                         self._adapters[old].retired = True
                     self._retire_idle()
                 self.metrics.active_adapter_version.set(pv.version)
+                self.metrics.count_model(f"{self.base_name}:{LATEST_ALIAS}")
                 self.metrics.adapter_reloads.labels("watch").inc()
                 log.info("hot reload: serving weight-sync version %d as %s", pv.version, name)
 

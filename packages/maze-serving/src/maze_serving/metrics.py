@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# Where requests are generated. Their labelled series exist from the start, at zero, as vLLM
+# creates its own up front: a series born at its first request has no earlier sample, so
+# rate() misses the requests before its second scrape and histogram_quantile() answers NaN.
+GENERATION_ENDPOINTS = ("/v1/chat/completions", "/invocations")
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -82,6 +87,14 @@ class ServingMetrics:
             ["source"],
             registry=r,
         )
+
+        for endpoint in GENERATION_ENDPOINTS:
+            self.latency.labels(endpoint)
+
+    def count_model(self, model: str) -> None:
+        """Start ``model``'s token series at zero (see ``GENERATION_ENDPOINTS``)."""
+        self.prompt_tokens.labels(model)
+        self.generation_tokens.labels(model)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
