@@ -65,6 +65,20 @@ def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
     assert layout_class(m) in rates
 
 
+def test_a_first_reply_that_is_no_move_counts_as_a_bad_first_move() -> None:
+    """One meaning of the rate everywhere (eval summaries, the probe, warm-start tracking)."""
+    from maze_engine.decisions import first_move_good
+
+    maze, replies = _oracle_replies("7x7", 3)
+    invalid = replay(maze, ["no action here", *replies], 20)
+    stopped = replay(maze, [replies[-1]], 20)
+    assert invalid.first_move_good is None and stopped.first_move_good is None
+    good = replay(maze, replies, 20)
+    assert summarize([invalid, stopped, good])["all"]["first_move_good"] == 1 / 3
+    assert first_move_good([True, None, False, None]) == 0.25
+    assert first_move_good([]) is None
+
+
 def test_the_decisions_report_compares_the_first_and_last_evaluation(tmp_path: Path) -> None:
     import json
 
@@ -100,7 +114,7 @@ def test_the_decisions_report_compares_the_first_and_last_evaluation(tmp_path: P
     assert out is not None and out == tmp_path / "decisions.md"
     text = out.read_text()
     assert text.startswith("# Decisions: global step 0 -> 20")
-    assert "| all | 2 | 0% -> 100% | - -> 100% | - -> 100% | - -> - |" in text
+    assert "| all | 2 | 0% -> 100% | 0% -> 100% | - -> 100% | - -> - |" in text
 
 
 def test_transcription_marks_agent_goal_and_walls() -> None:

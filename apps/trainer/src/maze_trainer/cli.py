@@ -393,58 +393,10 @@ def warm_start_main(argv: Sequence[str]) -> int:
         return EXIT_CONFIG_ERROR
     import torch
 
-    from maze_engine.data import eval_slack
-    from maze_engine.sft import evaluate_policy, run_sft, save_merged
-    from maze_engine.trainer import first_move_tracker, held_out_hashes, tiny_base_dir
-    from maze_env import get_eval_set
-    from maze_policy.model import load_vlm
-    from maze_policy.policy import Policy
+    from maze_engine.trainer import warm_start_alone
 
     torch.set_num_threads(config.local.torch_threads)
-    seed = int(config.skyrl.trainer.seed)
-    ws, mazes = config.local.warm_start, config.mazes
-    # The main job's base unless --base names one: local.tiny_base (random init, a shipped
-    # artifact or a directory).
-    base, label = (
-        (args.base, str(args.base)) if args.base else tiny_base_dir(config, args.out / "_init")
-    )
-    print(f"base: {label}", flush=True)
-    model, processor = load_vlm(base)
-    policy = Policy(model, processor)
-    # The eval set's first mazes at the main job's turn budget, so that this figure and the
-    # main job's agree for the same model.
-    es = get_eval_set(mazes.eval_set)
-    seeds = es.seeds[: ws.eval_mazes]
-    slack = eval_slack(config.max_turns, mazes.eval_set)
-
-    def evaluate() -> str:
-        res = evaluate_policy(
-            policy,
-            es.spec.name,
-            seeds,
-            cell_px=mazes.cell_px,
-            max_new_tokens=ws.max_new_tokens,
-            slack=slack,
-        )
-        return (
-            f"{mazes.eval_set} solve {res.solve_rate:.2%} ({res.solved}/{res.episodes}), "
-            f"valid actions {res.valid_action_rate:.2%}, mean turns {res.mean_turns:.1f}"
-        )
-
-    print(f"before: {evaluate()}", flush=True)
-    report = run_sft(
-        policy,
-        ws,
-        spec=mazes.train_preset,
-        seed=seed,
-        cell_px=mazes.cell_px,
-        avoid=held_out_hashes(config),
-        log=lambda row: print(row, flush=True),
-        track=first_move_tracker(config, policy),
-        slack=slack,
-    )
-    print(f"after {report.steps_done} steps / {report.seconds:.0f} s: {evaluate()}", flush=True)
-    save_merged(policy, args.out, report)
+    warm_start_alone(config, args.out, base=args.base, say=lambda line: print(line, flush=True))
     print(f"saved {args.out}")
     return 0
 

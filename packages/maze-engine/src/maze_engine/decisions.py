@@ -119,6 +119,16 @@ def _rate(values: Iterable[bool | None]) -> tuple[float | None, int]:
     return (sum(seen) / len(seen) if seen else None, len(seen))
 
 
+def first_move_good(firsts: Iterable[bool | None]) -> float | None:
+    """The share of episodes whose first reply moved along a shortest path.
+
+    A first reply that is no move (invalid, or ``stop``) counts as a bad first move: the rate
+    is over every episode, so a model cannot raise it by answering fewer moves.
+    """
+    seen = [bool(f) for f in firsts]
+    return sum(seen) / len(seen) if seen else None
+
+
 def summarize(episodes: Sequence[Replayed]) -> dict[str, Any]:
     """Rates over ``episodes``, overall and per layout class (with how many counted)."""
     by_class: dict[str, list[Replayed]] = defaultdict(list)
@@ -126,14 +136,12 @@ def summarize(episodes: Sequence[Replayed]) -> dict[str, Any]:
         by_class[e.layout_class].append(e)
 
     def block(group: Sequence[Replayed]) -> dict[str, Any]:
-        first, n_first = _rate(e.first_move_good for e in group)
         stop, n_stop = _rate(e.stopped_on_arrival for e in group)
         bumps = sum(e.bumps for e in group)
         return {
             "episodes": len(group),
             "solved": sum(e.solved for e in group) / len(group) if group else None,
-            "first_move_good": first,
-            "first_moves": n_first,
+            "first_move_good": first_move_good(e.first_move_good for e in group),
             "stop_on_arrival": stop,
             "arrivals": n_stop,
             "bumps": bumps,
@@ -192,21 +200,21 @@ def first_move_rates(
     max_new_tokens: int = 32,
     slack: int | None = None,
 ) -> dict[str, float]:
-    """:func:`first_moves` as rates: ``all`` and one per layout class.
-
-    A first reply that is not a move counts as a bad first move.
-    """
+    """:func:`first_moves` as :func:`first_move_good` rates: ``all`` and one per layout class."""
     from maze_env import get_eval_set
 
     mazes = get_eval_set(eval_set).mazes
     good = first_moves(
         policy, eval_set, cell_px=cell_px, max_new_tokens=max_new_tokens, slack=slack
     )
-    by_class: dict[str, list[bool]] = defaultdict(list)
+    by_class: dict[str, list[bool | None]] = defaultdict(list)
     for maze, g in zip(mazes, good, strict=True):
-        by_class[layout_class(maze)].append(bool(g))
-    rates = {"all": sum(bool(g) for g in good) / len(good)}
-    rates.update({k: sum(v) / len(v) for k, v in sorted(by_class.items())})
+        by_class[layout_class(maze)].append(g)
+    rates: dict[str, float] = {}
+    for key, firsts in [("all", good), *sorted(by_class.items())]:
+        rate = first_move_good(firsts)
+        assert rate is not None  # an eval set has mazes, each class at least one
+        rates[key] = rate
     return rates
 
 

@@ -185,11 +185,11 @@ def probe(
 ) -> dict[str, Any]:
     """Perception, measured directly, per layout class of ``eval_set``'s mazes.
 
-    ``first_move_good``: the greedy first reply moves along a shortest path (the walls read
-    right). ``neighbour_accuracy``: the squares next to the agent read right in the
+    ``first_move_good`` (:func:`~maze_engine.decisions.first_move_good`): the greedy first
+    reply moves along a shortest path (the walls read right). ``neighbour_accuracy``: the squares next to the agent read right in the
     transcription task.
     """
-    from maze_engine.decisions import distances, first_moves, layout_class
+    from maze_engine.decisions import distances, first_move_good, first_moves, layout_class
     from maze_env import get_eval_set
 
     es = get_eval_set(eval_set)
@@ -209,10 +209,9 @@ def probe(
         )
     out: dict[str, Any] = {}
     for key, items in sorted(by_class.items()):
-        good = [f for f, _ in items if f is not None]
         out[key] = {
             "mazes": len(items),
-            "first_move_good": sum(good) / len(good) if good else None,
+            "first_move_good": first_move_good(f for f, _ in items),
             "neighbour_accuracy": sum(n for _, n in items) / len(items),
         }
     return out

@@ -150,11 +150,13 @@ DECISION_TAGS = ("<justification>", "<action>")
 justification (``Moving right follows ...``) and the action word as one token each."""
 
 
-def decision_positions(policy: Policy, input_ids: torch.Tensor) -> torch.Tensor:
-    """True where a token directly follows one of :data:`DECISION_TAGS`."""
+def decision_positions(
+    policy: Policy, input_ids: torch.Tensor, tags: Sequence[str] = DECISION_TAGS
+) -> torch.Tensor:
+    """True where a token directly follows one of ``tags`` (tags not in the vocabulary: none)."""
     vocab = policy.processor.tokenizer.get_vocab()
     after = torch.zeros_like(input_ids, dtype=torch.bool)
-    for tag in DECISION_TAGS:
+    for tag in tags:
         if tag in vocab:
             after[:, 1:] |= input_ids[:, :-1] == int(vocab[tag])
     return after
@@ -198,10 +200,6 @@ def supervised_step(
 
 def action_accuracy(policy: Policy, trajectories: Sequence[Trajectory]) -> float:
     """Teacher-forced accuracy of the greedy choice at each ``<action>`` word (the decision token)."""
-    tok = policy.processor.tokenizer
-    action_open = (
-        int(tok.convert_tokens_to_ids("<action>")) if "<action>" in tok.get_vocab() else -1
-    )
     batch = policy.collate(trajectories)
     with torch.no_grad():
         logits = cast(Any, policy.model)(**batch.model_inputs(), use_cache=False).logits[:, :-1]
@@ -210,9 +208,9 @@ def action_accuracy(policy: Policy, trajectories: Sequence[Trajectory]) -> float
     pred = logits.argmax(-1)
     target = batch.input_ids[:, 1:]
     mask = batch.loss_mask[:, 1:].bool()
-    if action_open >= 0:
+    if "<action>" in policy.processor.tokenizer.get_vocab():
         # The word right after the "<action>" token; fall back to every assistant token otherwise.
-        mask = mask & (batch.input_ids[:, :-1] == action_open)
+        mask = mask & decision_positions(policy, batch.input_ids, ("<action>",))[:, 1:]
     hits = (pred == target) & mask
     return float(hits.sum()) / max(1, int(mask.sum()))
 

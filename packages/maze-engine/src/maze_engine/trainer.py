@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from peft import LoraConfig
     from skyrl.train.config import AlgorithmConfig
 
+    from maze_engine.sft import SFTReport
+
 log = logging.getLogger("maze_engine.trainer")
 
 BASE_MODEL_DIR = "base_model"
@@ -338,6 +340,7 @@ def warm_start(
                 avoid=held_out_hashes(config),
                 log=on_log,
                 track=first_move_tracker(config, policy),
+                slack=eval_slack(config.max_turns, config.mazes.eval_set),
             )
             if ws.steps
             else SFTReport(config={"steps": 0})
@@ -349,6 +352,62 @@ def warm_start(
     with fs.staged_dir(out) as staged:
         save_merged(policy, staged, report)
     return out
+
+
+def warm_start_alone(
+    config: MazerlConfig,
+    out: Path,
+    *,
+    base: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> SFTReport:
+    """The warm start by itself (``maze-train warm-start``), scored before and after.
+
+    Starts from ``base``, or else from the main job's base (``local.tiny_base``), and scores
+    the eval set's first ``local.warm_start.eval_mazes`` mazes at the main job's turn budget,
+    so that its figure and the main job's agree for the same model. Saves the model at ``out``.
+    """
+    from maze_engine.sft import evaluate_policy, run_sft, save_merged
+    from maze_env import get_eval_set
+    from maze_policy.model import load_vlm
+
+    ws, mazes = config.local.warm_start, config.mazes
+    src, label = (base, str(base)) if base is not None else tiny_base_dir(config, out / "_init")
+    say(f"base: {label}")
+    model, processor = load_vlm(src)
+    policy = Policy(model, processor)
+    es = get_eval_set(mazes.eval_set)
+    slack = eval_slack(config.max_turns, mazes.eval_set)
+
+    def evaluate() -> str:
+        res = evaluate_policy(
+            policy,
+            es.spec.name,
+            es.seeds[: ws.eval_mazes],
+            cell_px=mazes.cell_px,
+            max_new_tokens=ws.max_new_tokens,
+            slack=slack,
+        )
+        return (
+            f"{mazes.eval_set} solve {res.solve_rate:.2%} ({res.solved}/{res.episodes}), "
+            f"valid actions {res.valid_action_rate:.2%}, mean turns {res.mean_turns:.1f}"
+        )
+
+    say(f"before: {evaluate()}")
+    report = run_sft(
+        policy,
+        ws,
+        spec=mazes.train_preset,
+        seed=int(config.skyrl.trainer.seed),
+        cell_px=mazes.cell_px,
+        avoid=held_out_hashes(config),
+        log=lambda row: say(str(row)),
+        track=first_move_tracker(config, policy),
+        slack=slack,
+    )
+    say(f"after {report.steps_done} steps / {report.seconds:.0f} s: {evaluate()}")
+    save_merged(policy, out, report)
+    return report
 
 
 def base_model_dir(config: MazerlConfig, data: Datasets, say: Callable[[str], None]) -> Path:
