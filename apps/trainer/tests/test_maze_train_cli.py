@@ -217,6 +217,28 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
     assert "before: small-64 solve" in pretrained.stdout
 
 
+def test_probe_reports_every_layout_class_of_the_eval_set() -> None:
+    """The shipped perception base transcribes mazes; asked to move, it answers no move, and
+    such a first reply counts as a bad first move (not as none)."""
+    proc = run("probe", "tiny-qwen3vl-perception", "--eval-set", "tiny-64", config=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "/" in line.split("|")[1]
+    ]
+    es = get_eval_set("tiny-64")
+    assert {r[0] for r in rows} == {layout_class(m) for m in es.mazes}
+    assert sum(int(r[1]) for r in rows) == len(es.mazes)
+    for _cls, _n, first, neighbours in rows:
+        assert first == "0%"
+        assert int(neighbours.rstrip("%")) >= 90  # what its pretraining taught it
+
+    proc = run("probe", "no-such-model", config=None)
+    assert proc.returncode == 2
+    assert "maze-train probe: no shipped artifact 'no-such-model'" in proc.stderr
+
+
 def test_warm_start_usage_and_config_errors() -> None:
     proc = run("warm-start", "--out", "x", "local.warm_start.stpes=3")
     assert proc.returncode == 2
