@@ -27,6 +27,20 @@ def test_oracle_episode_masks_every_reply(tiny_policy: Policy) -> None:
     assert len(traj.images) == maze.optimal_moves + 1
 
 
+def test_oracle_episode_states_the_turn_budget_it_is_given(tiny_policy: Policy) -> None:
+    """Demonstrations show the budget GRPO and the evaluation give (the replies depend on it)."""
+    maze = generate("7x7", 5)
+    tok = tiny_policy.processor.tokenizer
+
+    def text(slack: int | None) -> str:
+        return str(tok.decode(oracle_episode(tiny_policy, maze, slack=slack).input_ids))
+
+    tight = text(2)
+    assert f"You have {maze.step_budget(2)} turns" in tight
+    assert f"You have {maze.step_budget()} turns" in text(None)
+    assert f"You have {maze.step_budget()} turns" not in tight
+
+
 def test_short_sft_lowers_loss_and_raises_action_accuracy(
     tiny_policy: Policy, tmp_path: Path
 ) -> None:

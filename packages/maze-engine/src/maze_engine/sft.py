@@ -36,14 +36,20 @@ def _style(cell_px: int) -> Any:
     return Style(cell_px=cell_px)
 
 
-def oracle_episode(policy: Policy, maze: Any, *, cell_px: int = 32) -> Trajectory:
-    """Encode the oracle's full episode on ``maze``: every optimal move, then ``stop``."""
-    from maze_env import MazeGame
+def oracle_episode(
+    policy: Policy, maze: Any, *, cell_px: int = 32, slack: int | None = None
+) -> Trajectory:
+    """Encode the oracle's full episode on ``maze``: every optimal move, then ``stop``.
+
+    ``slack`` sets the turn budget its prompt and feedback state (maze-env's default if None);
+    the warm start demonstrates at the budget its model is evaluated and trained with.
+    """
+    from maze_env import DEFAULT_SLACK, MazeGame
     from maze_env.prompts import feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
 
     renderer = Renderer(maze, _style(cell_px))
-    game = MazeGame.start(maze)
+    game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
     traj = enc.start(initial_messages(maze, game.step_budget, renderer=renderer))
     words = [d.word for d in maze.optimal_actions] + ["stop"]
@@ -243,8 +249,9 @@ def run_sft(
     Stops after ``config.steps`` steps, or ``config.max_seconds`` of training time when set.
     Mazes whose ``content_hash`` is in ``avoid`` (a held-out eval set's) are skipped.
     ``track`` (e.g. :func:`maze_engine.decisions.first_move_rates` on the eval set) runs every
-    ``config.track_every`` steps and after the last; ``slack`` is the periodic evaluations'
-    turn slack (the main job's, so both report the same figure; maze-env's default if None).
+    ``config.track_every`` steps and after the last; ``slack`` is the turn slack the
+    demonstrations' prompts state and the periodic evaluations give (the main job's, so that the
+    warm start shows the budget GRPO and the evaluation use; maze-env's default if None).
     Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
     eval sets' small seeds; ``out_dir`` saves the merged model there.
     """
@@ -273,7 +280,7 @@ def run_sft(
             next_seed += 1
             if maze.content_hash() not in avoid:
                 mazes.append(maze)
-        trajs = [oracle_episode(policy, maze, cell_px=cell_px) for maze in mazes]
+        trajs = [oracle_episode(policy, maze, cell_px=cell_px, slack=slack) for maze in mazes]
         model.train()
         loss = supervised_step(
             policy, trajs, opt, sched, params, decision_weight=config.decision_weight
