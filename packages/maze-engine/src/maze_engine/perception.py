@@ -186,8 +186,8 @@ def probe(
     """Perception, measured directly, per layout class of ``eval_set``'s mazes.
 
     ``first_move_good`` (:func:`~maze_engine.decisions.first_move_good`): the greedy first
-    reply moves along a shortest path (the walls read right). ``neighbour_accuracy``: the squares next to the agent read right in the
-    transcription task.
+    reply moves along a shortest path (the walls read right). ``neighbour_accuracy``: the
+    squares next to the agent read right in the transcription task.
     """
     from maze_engine.decisions import distances, first_move_good, first_moves, layout_class
     from maze_env import get_eval_set
