@@ -61,3 +61,16 @@ def test_too_small_a_maze_space_is_an_error_not_a_hang() -> None:
     tiny = get_eval_set("tiny-64")
     with pytest.raises(ValueError, match="too few distinct mazes"):
         train_seeds(4, spec=tiny.spec, avoid=tiny.mazes, max_scan=2000)
+
+
+def test_training_seeds_can_avoid_whole_layouts() -> None:
+    eval_mazes = get_eval_set("small-64").mazes
+    spec = MazeSpec.parse("7x7")
+    by_maze = train_seeds(200, spec=spec, avoid=eval_mazes)
+    by_layout = train_seeds(200, spec=spec, avoid=eval_mazes, by="layout")
+    held_out = {m.layout_hash() for m in eval_mazes}
+    # 7x7 has 192 layouts: the same walls with other corners slip past a per-maze check.
+    assert any(generate(spec, s).layout_hash() in held_out for s in by_maze)
+    assert not any(generate(spec, s).layout_hash() in held_out for s in by_layout)
+    with pytest.raises(ValueError, match="by must be"):
+        train_seeds(1, spec=spec, by="corners")  # pyright: ignore[reportArgumentType]

@@ -76,15 +76,24 @@ def train_seeds(
     offset: int = TRAIN_SEED_OFFSET,
     avoid: Iterable[Maze] = (),
     max_scan: int | None = None,
+    by: Literal["maze", "layout"] = "maze",
 ) -> list[int]:
     """``n`` seeds from ``offset`` upward, skipping any that reproduce a maze in ``avoid``.
 
     Small mazes repeat (easy has ~400k distinct layouts, 5x5 only 16), so a training seed can
-    land on an eval maze; skipping those keeps the eval set unseen. Raises ``ValueError`` when
-    ``max_scan`` seeds (default ``100 * n + 10_000``) do not yield ``n``: the spec has too few
-    layouts outside ``avoid``.
+    land on an eval maze; skipping those keeps the eval set unseen. ``by="maze"`` skips the same
+    walls with the same start and goal (``Maze.content_hash``); ``by="layout"`` skips the same
+    walls with any corners (``Maze.layout_hash``), so no route of an avoided layout is shown.
+    Raises ``ValueError`` when ``max_scan`` seeds (default ``100 * n + 10_000``) do not yield
+    ``n``: the spec has too few layouts outside ``avoid``.
     """
-    banned = {m.content_hash() for m in avoid}
+    if by not in ("maze", "layout"):
+        raise ValueError(f"by must be 'maze' or 'layout', got {by!r}")
+
+    def key(m: Maze) -> str:
+        return m.content_hash() if by == "maze" else m.layout_hash()
+
+    banned = {key(m) for m in avoid}
     limit = 100 * n + 10_000 if max_scan is None else max_scan
     out: list[int] = []
     seed = offset
@@ -94,7 +103,7 @@ def train_seeds(
                 f"only {len(out)} of {n} {spec.name} mazes found outside the {len(banned)} avoided "
                 f"layouts in {limit} seeds: this size has too few distinct mazes to keep them apart"
             )
-        if generate(spec, seed).content_hash() not in banned:
+        if key(generate(spec, seed)) not in banned:
             out.append(seed)
         seed += 1
     return out

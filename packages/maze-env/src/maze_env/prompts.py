@@ -77,6 +77,11 @@ def oracle_reply(agent: Pos, goal: Pos, action: str) -> str:
     return f"{where}{why}<action>{action}</action>"
 
 
+def action_reply(action: str) -> str:
+    """The shortest well-formed answer: the action tag alone (``<action>up</action>``)."""
+    return f"<action>{action}</action>"
+
+
 def initial_messages(
     maze: Maze,
     step_budget: int,
