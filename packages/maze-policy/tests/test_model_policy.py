@@ -166,3 +166,48 @@ def test_rollouts_with_inline_frames_equal_data_uri_rollouts(tiny_policy: Policy
         assert len(a.trajectory.pixel_values) == a.turns  # prompt + one frame per later turn
         for x, y in zip(a.trajectory.pixel_values, b.trajectory.pixel_values, strict=True):
             assert torch.equal(x, y)
+
+
+def test_rollouts_keeping_the_cache_equal_rollouts_rereading_every_turn(
+    tiny_policy: Policy,
+) -> None:
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.rollout import run_episodes
+
+    peft_model = apply_lora(tiny_policy.model, lora_config(rank=4, alpha=8))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    policy = Policy(peft_model, tiny_policy.processor)
+    rows = build_rows(MazeSpec.parse("7x7"), [3, 4, 5, 6, 3, 3], split="train", slack=2)
+    greedy = SamplingParams(greedy=True, max_new_tokens=6)
+    kept = run_episodes(policy, rows, sampling=greedy, seed=1, max_turns=5)
+    reread = run_episodes(policy, rows, sampling=greedy, seed=1, max_turns=5, keep_cache=False)
+    for a, b in zip(kept, reread, strict=True):
+        assert a.replies == b.replies and a.turns == b.turns
+        assert a.trajectory.input_ids == b.trajectory.input_ids
+        assert (
+            max(
+                abs(x - y)
+                for x, y in zip(a.trajectory.logprobs, b.trajectory.logprobs, strict=True)
+            )
+            < 1e-4
+        )
+    # Sampled, with episodes ending at different turns (rows leave the cache as they end):
+    # the recorded log-probs are the policy's, as the learner recomputes them.
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=6)
+    budgets = [  # slack 0: 5x5 episodes end after 5 turns, 7x7 ones after 9 or more
+        *build_rows(MazeSpec.parse("5x5"), [1, 2], split="train", slack=0),
+        *build_rows(MazeSpec.parse("7x7"), [3, 4], split="train", slack=0),
+    ]
+    eps = run_episodes(policy, budgets, sampling=params, seed=2)
+    assert len({e.turns for e in eps}) > 1
+    again = run_episodes(policy, budgets, sampling=params, seed=2)
+    assert [e.replies for e in eps] == [e.replies for e in again]  # seeded
+    batch = policy.collate([e.trajectory for e in eps])
+    with torch.no_grad():
+        lp = policy_logprobs(policy, batch, params)
+    mask = batch.loss_mask.bool()
+    assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4

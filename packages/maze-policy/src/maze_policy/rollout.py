@@ -80,6 +80,7 @@ def run_episodes(
     groups: Sequence[int] | None = None,
     env_config: Mapping[str, Any] | None = None,
     max_turns: int | None = None,
+    keep_cache: bool = True,
 ) -> list[Episode]:
     """Play one episode per row (repeat a row for GRPO samples) and return them in input order.
 
@@ -87,7 +88,9 @@ def run_episodes(
     ``max_turns`` caps turns on top of each env's own budget. The envs hand their images over
     as PIL images (``inline_images``): the encoder is in this process, so a PNG data URI would
     only be encoded to be decoded again (same pixels either way); ``env_config`` may say
-    ``inline_images: false``.
+    ``inline_images: false``. With ``keep_cache`` the episodes keep their key/value cache from
+    turn to turn (:class:`~maze_policy.incremental.IncrementalGenerator`), so a turn reads only
+    its new tokens; without it every turn re-reads the whole conversation (``Policy.generate``).
     """
     tok = policy.processor.tokenizer
     config = {"inline_images": True, **(env_config or {})}
@@ -102,10 +105,15 @@ def run_episodes(
                 trajectory=policy.encoder.start(cast(Sequence[Mapping[str, Any]], prompt)),
             )
         )
+    generate = policy.generate
+    if keep_cache:
+        from maze_policy.incremental import IncrementalGenerator
+
+        generate = IncrementalGenerator(policy).generate
     active = list(range(len(episodes)))
     turn = 0
     while active:
-        gens = policy.generate(
+        gens = generate(
             [episodes[i].trajectory for i in active], sampling, seed=derive_seed(seed, turn)
         )
         still: list[int] = []
