@@ -64,7 +64,7 @@ class DrillError(AssertionError):
 def overrides(
     run: Path, base: Path, steps: int = STEPS, resource: str = WORKER_RESOURCE
 ) -> list[str]:
-    """The run's config (``tiny_local`` plus these): tiny, two Ray workers where ``resource`` is.
+    """The run's config (``smoke_5x5`` plus these): tiny, two Ray workers where ``resource`` is.
 
     ``base`` is the tiny model after a 3-step warm start: its replies' format credit
     (``visgym_sft``) varies across samples, so advantages are nonzero and the adapter moves at

@@ -182,7 +182,7 @@ class PolicyRank:
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
         self.rank, self.world = rank, world
-        config = load_config("tiny_local", config_overrides)
+        config = load_config("smoke_5x5", config_overrides)
         t = config.skyrl.trainer
         torch.manual_seed(0)  # every rank starts from the same LoRA init
         self.policy = load_policy(model_dir, lora_config_from_skyrl(t.policy.model.lora), 1)

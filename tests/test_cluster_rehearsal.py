@@ -35,7 +35,7 @@ PROMPTS, SAMPLES, STEPS, KILL_AT = 2, 4, 4, 3
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny_local base after a 3-step warm start: replies vary enough to score differently."""
+    """The smoke_5x5 base after a 3-step warm start: replies vary enough to score differently."""
     from maze_engine.testing import warm_started_base
 
     torch.set_num_threads(1)
@@ -126,7 +126,7 @@ def test_cluster_rehearsal_syncs_publishes_mirrors_and_survives_node_loss(
         "mazes.reward_spec=visgym_sft",  # partial credit per well-formed turn: rewards vary
         "local.progress=false",
     ]
-    config = load_config("tiny_local", overrides)
+    config = load_config("smoke_5x5", overrides)
     rows = [dict(r) for r in prepare_data(config).train]
     layout = SyncLayout(Path(config.skyrl.trainer.policy.model.lora.lora_sync_path))
     ckpt_root = Path(config.skyrl.trainer.ckpt_path)

@@ -16,7 +16,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     run = tmp_path_factory.mktemp("run")
     config = load_config(
-        "tiny_local",
+        "smoke_5x5",
         [
             f"trainer.export_path={run}",
             "trainer.max_training_steps=2",

@@ -16,7 +16,7 @@ _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def run(
-    *args: str, timeout: int = 900, cwd: Path | None = None, config: str | None = "tiny_local"
+    *args: str, timeout: int = 900, cwd: Path | None = None, config: str | None = "smoke_5x5"
 ) -> subprocess.CompletedProcess[str]:
     """``maze-train ARGS``, with ``--config`` for local-engine runs and warm starts."""
     argv = list(args)
@@ -65,7 +65,7 @@ def test_changed_settings_for_an_existing_run_directory_are_a_config_error(tmp_p
     from maze_engine.config import load_config
     from maze_engine.data import export_datasets
 
-    export_datasets(load_config("tiny_local", [f"trainer.export_path={tmp_path}"]))
+    export_datasets(load_config("smoke_5x5", [f"trainer.export_path={tmp_path}"]))
     proc = run(f"trainer.export_path={tmp_path}", "mazes.train_preset=7x7")
     assert proc.returncode == 2, proc.stderr
     assert "maze-train: config error: mazes.train_preset gives train_preset='7x7'" in proc.stderr
@@ -127,7 +127,7 @@ def test_skyrl_config_errors_exit_2_naming_the_key() -> None:
 
 
 @pytest.mark.parametrize(
-    ("engine", "config"), [("skyrl", "maze_grpo_qwen3vl8b"), ("local", "tiny_local")]
+    ("engine", "config"), [("skyrl", "maze_grpo_qwen3vl8b"), ("local", "smoke_5x5")]
 )
 def test_submit_dry_run_prints_the_maze_train_job_the_cluster_runs(
     engine: str, config: str
@@ -166,8 +166,8 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
         "local.warm_start.eval_every=3",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "base: random init" in proc.stdout  # tiny_local's local.tiny_base
-    # Scored on the eval set's first mazes (tiny-64 for tiny_local) at the main job's budget.
+    assert "base: random init" in proc.stdout  # smoke_5x5's local.tiny_base
+    # Scored on the eval set's first mazes (tiny-64 for smoke_5x5) at the main job's budget.
     assert re.search(r"^before: tiny-64 solve [\d.]+% \(\d/2\)", proc.stdout, re.M), proc.stdout
     assert re.search(r"^after 3 steps / \d+ s: tiny-64 solve [\d.]+% \(\d/2\)", proc.stdout, re.M)
     assert f"saved {out}" in proc.stdout
@@ -205,7 +205,7 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
     pretrained = run(
         "warm-start",
         "--config",
-        "heldout_7x7",
+        "tiny_local",
         "--out",
         str(tmp_path / "ws3"),
         "local.warm_start.steps=0",

@@ -61,7 +61,7 @@ sys.path.insert(0, sys.argv[2])
 from bench_ray_start import _first_rollout, _worker_facts
 with tempfile.TemporaryDirectory() as tmp:
     run = Path(tmp)
-    cfg = load_config("tiny_local", [f"trainer.export_path={run}", f"local.rollout_workers={sys.argv[1]}"])
+    cfg = load_config("smoke_5x5", [f"trainer.export_path={run}", f"local.rollout_workers={sys.argv[1]}"])
     rows = prepare_data(cfg).validation
     build_tiny_vlm(run / "model", seed=0, config=TinyVLMConfig(**cfg.local.tiny_model))
     (run / "sync").mkdir()
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ray-start-bench-") as tmp:
         run = Path(tmp)
         config = load_config(
-            "tiny_local",
+            "smoke_5x5",
             [f"trainer.export_path={run}", f"local.rollout_workers={args.workers}"],
         )
         rows = prepare_data(config).validation

@@ -5,7 +5,7 @@ Rollout turns/s, tokens/s and update time per GRPO step (SkyRL's metric names)::
     uv run python packages/maze-engine/benchmarks/bench_train.py --steps 6
 
 Builds (or reuses) the warm-started tiny model under --run, trains --steps steps with the
-shipped ``tiny_local`` config plus any key=value overrides, and prints the medians.
+shipped ``smoke_5x5`` config plus any key=value overrides, and prints the medians.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
         "local.progress=false",
         *args.overrides,
     ]
-    config = load_config("tiny_local", overrides)
+    config = load_config("smoke_5x5", overrides)
     # A fresh run each time: drop earlier checkpoints and adapter versions, keep the base model.
     for sub in ("ckpt", "lora_sync", "metrics.jsonl"):
         target = args.run / sub
@@ -65,7 +65,7 @@ def main() -> None:
             "timing/step",
         )
     }
-    print(f"config: tiny_local {' '.join(args.overrides)}  workers={config.local.rollout_workers}")
+    print(f"config: smoke_5x5 {' '.join(args.overrides)}  workers={config.local.rollout_workers}")
     print(
         f"steps measured: {len(steps)} (of {args.steps}; first excluded), wall incl. start-up {wall:.1f} s"
     )

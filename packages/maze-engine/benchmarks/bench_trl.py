@@ -6,13 +6,13 @@ max new tokens and temperature; CPU, fp32::
 
     uv run python packages/maze-engine/benchmarks/bench_trl.py --steps 4 --rounds 2
 
-Each round trains ``--steps`` steps with ours (``tiny_local`` plus any key=value overrides,
+Each round trains ``--steps`` steps with ours (``smoke_5x5`` plus any key=value overrides,
 episodes capped at one turn) and ``--steps`` steps with TRL once per ``--trl-threads`` value,
 alternating which goes first, so machine load falls on both alike. TRL runs in its own
 environment: a child process under ``uv run --isolated --no-project --with trl==VERSION``
 (``_trl_child.py``), loading the model directory with plain transformers. The first step of
 every run is warm-up and is not counted. The model is the random-init tiny Qwen3-VL
-``tiny_local`` builds (``local.tiny_model``, ``trainer.seed``), or ``--base DIR``.
+``smoke_5x5`` builds (``local.tiny_model``, ``trainer.seed``), or ``--base DIR``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Run:
 
 
 def base_model(config: MazerlConfig, run: Path, base: Path | None) -> Path:
-    """``--base`` as is, or the random-init tiny model ``tiny_local`` builds, cached under ``run``."""
+    """``--base`` as is, or the random-init tiny model ``smoke_5x5`` builds, cached under ``run``."""
     if base is not None:
         return base
     out = run / "random_base"
@@ -262,7 +262,7 @@ def main() -> None:
         "local.tensorboard=false",
         *args.overrides,
     ]
-    config = load_config("tiny_local", overrides)
+    config = load_config("smoke_5x5", overrides)
     local = config.local
     torch.set_num_threads(local.torch_threads)
     args.run.mkdir(parents=True, exist_ok=True)
@@ -306,7 +306,7 @@ def main() -> None:
     o_tps, o_sps, o_n, o_tok = summary(ours)
     print()
     print(
-        f"config: tiny_local {' '.join(args.overrides)}  rollout_workers={local.rollout_workers} "
+        f"config: smoke_5x5 {' '.join(args.overrides)}  rollout_workers={local.rollout_workers} "
         f"torch_threads={local.torch_threads}  1 turn per episode  "
         f"{config.skyrl.trainer.train_batch_size} prompts x "
         f"{config.skyrl.generator.n_samples_per_prompt} samples, "

@@ -30,12 +30,12 @@ RUNNER = (
     "import sys\n"
     "from maze_engine.config import load_config\n"
     "from maze_engine.trainer import train\n"
-    "train(load_config('tiny_local', sys.argv[1:]), say=lambda m: None)\n"
+    "train(load_config('smoke_5x5', sys.argv[1:]), say=lambda m: None)\n"
 )
 
 
 def overrides(run: Path, base: Path, steps: int) -> list[str]:
-    """The ``tiny_local`` overrides of every run: short, in-process, checkpointing each step."""
+    """The ``smoke_5x5`` overrides of every run: short, in-process, checkpointing each step."""
     return [
         f"trainer.export_path={run}",
         f"trainer.policy.model.path={base}",
@@ -87,7 +87,7 @@ def main() -> None:
     shutil.rmtree(args.dir / "killed", ignore_errors=True)
     # A barely warm-started tiny model under DIR/base_model (reused by later invocations).
     base_config = load_config(
-        "tiny_local",
+        "smoke_5x5",
         [
             f"trainer.export_path={args.dir}",
             "trainer.eval_before_train=false",

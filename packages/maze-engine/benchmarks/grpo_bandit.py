@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    cfg = load_config("tiny_local", []).skyrl
+    cfg = load_config("smoke_5x5", []).skyrl
     algo = cfg.trainer.algorithm
     torch.manual_seed(args.seed)
     policy = load_policy(args.model, lora_config_from_skyrl(cfg.trainer.policy.model.lora), 1)

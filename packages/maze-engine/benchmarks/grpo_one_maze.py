@@ -106,7 +106,7 @@ def main() -> None:
     one_row = [val[val_layouts.index(n)] for n in names]  # one eval row per layout
     weight = collections.Counter(val_layouts)
 
-    tokens = int(load_config("tiny_local", []).skyrl.generator.sampling_params.max_generate_length)
+    tokens = int(load_config("smoke_5x5", []).skyrl.generator.sampling_params.max_generate_length)
     before = load(base, None)
     solved_before = greedy_solved(before, val, tokens)
     moves_before = first_moves(before, one_row, args.samples, tokens)
@@ -126,7 +126,7 @@ def main() -> None:
     shutil.copy(args.run / "data" / "validation.parquet", out / "data" / "validation.parquet")
     print(f"training on {len(keep)} rows of layout: {target}")
     config = load_config(
-        "tiny_local",
+        "smoke_5x5",
         [
             f"trainer.export_path={out.resolve()}",
             f"trainer.policy.model.path={base.resolve()}",

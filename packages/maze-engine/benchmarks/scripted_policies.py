@@ -19,38 +19,24 @@ import random
 import statistics
 
 from maze_env import get_eval_set
-from maze_env.actions import DIRECTION_DELTAS, Direction
-from maze_env.maze import Maze, Pos
+from maze_env.actions import Direction
+from maze_env.agents import OPPOSITE as _OPPOSITE
+from maze_env.agents import ExplorerAgent
+from maze_env.agents import moved as _moved
+from maze_env.agents import open_ways as _open_ways
+from maze_env.maze import Maze
 
-_OPPOSITE = {
-    Direction.UP: Direction.DOWN,
-    Direction.DOWN: Direction.UP,
-    Direction.LEFT: Direction.RIGHT,
-    Direction.RIGHT: Direction.LEFT,
-}
 # Counter-clockwise order: turning left from a heading is the next entry.
 _CCW = (Direction.UP, Direction.LEFT, Direction.DOWN, Direction.RIGHT)
 
 
-def _moved(pos: Pos, d: Direction) -> Pos:
-    dr, dc = DIRECTION_DELTAS[d]
-    return (pos[0] + dr, pos[1] + dc)
-
-
-def _open_ways(maze: Maze, pos: Pos) -> list[Direction]:
-    return [d for d in DIRECTION_DELTAS if maze.is_open(_moved(pos, d))]
-
-
 def explorer_solves(maze: Maze, moves: int, rng: random.Random) -> bool:
-    """One episode of the explorer within ``moves`` moves (the budget less the ``stop``)."""
-    pos, back = maze.start, None
+    """One episode of maze-env's explorer within ``moves`` moves (the budget less the ``stop``)."""
+    agent, pos = ExplorerAgent(maze, rng), maze.start
     for _ in range(moves):
         if pos == maze.goal:
             return True
-        ways = [d for d in _open_ways(maze, pos) if d != back] or [back]
-        d = rng.choice(ways)
-        assert d is not None  # a maze's start has an open neighbour
-        pos, back = _moved(pos, d), _OPPOSITE[d]
+        pos = _moved(pos, Direction[agent.act(pos).upper()])
     return pos == maze.goal
 
 

@@ -1,5 +1,5 @@
 """Shared fixtures: one tiny Qwen3-VL built per session (see maze_policy.testing), and one
-warm-started tiny_local base for the tests that train."""
+warm-started smoke_5x5 base for the tests that train."""
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ __all__ = ["base_model", "one_torch_thread", "tiny_policy", "tiny_vlm_dir"]
 
 @pytest.fixture(scope="session")
 def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny_local base after a 3-step warm start, built once for the engine's run tests."""
+    """A smoke_5x5 base after a 3-step warm start, built once for the engine's run tests."""
     from maze_engine.testing import warm_started_base
 
     return warm_started_base(tmp_path_factory.mktemp("base"))

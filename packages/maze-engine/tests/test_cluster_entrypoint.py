@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from maze_engine.cluster import require_gpu_stack, run_training
-from maze_engine.config import REFERENCE_CONFIG, TINY_LOCAL_CONFIG, load_config
+from maze_engine.config import REFERENCE_CONFIG, SMOKE_CONFIG, load_config
 from maze_engine.errors import (
     ConfigError,
     GpuImageRequiredError,
@@ -84,7 +84,7 @@ def test_submit_command_for_the_local_engine(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("MAZERL_RUN", raising=False)
     monkeypatch.delenv("MAZERL_SFT_CHECKPOINT", raising=False)
     argv = build_submit_command(
-        TINY_LOCAL_CONFIG, ["local.rollout_workers=4"], "127.0.0.1:8265", engine="local"
+        SMOKE_CONFIG, ["local.rollout_workers=4"], "127.0.0.1:8265", engine="local"
     )
     params = _submit_params(argv)
     assert params["no_wait"] is False
@@ -92,7 +92,7 @@ def test_submit_command_for_the_local_engine(monkeypatch: pytest.MonkeyPatch) ->
         "env_vars": {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
     }
     assert params["entrypoint"] == (
-        "maze-train", "--engine", "local", "--config", TINY_LOCAL_CONFIG, "local.rollout_workers=4",
+        "maze-train", "--engine", "local", "--config", SMOKE_CONFIG, "local.rollout_workers=4",
     )  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def test_submit_command_checks_config_before_submitting() -> None:
     assert e.value.key == "mazes.eval_set"
     with pytest.raises(ConfigError) as e:
         build_submit_command(
-            TINY_LOCAL_CONFIG, ["local.sft_steps=3"], "127.0.0.1:8265", engine="local"
+            SMOKE_CONFIG, ["local.sft_steps=3"], "127.0.0.1:8265", engine="local"
         )
     assert e.value.key == "local.sft_steps"
     with pytest.raises(ConfigError, match="absolute path") as e:

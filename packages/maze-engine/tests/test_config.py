@@ -12,6 +12,7 @@ from maze_engine.config import (
     LOCAL_KEY,
     MAZES_KEY,
     REFERENCE_CONFIG,
+    SMOKE_CONFIG,
     TINY_LOCAL_CONFIG,
     LocalConfig,
     LocalRayConfig,
@@ -135,9 +136,9 @@ def test_overrides_reach_nested_and_dict_fields() -> None:
     assert cfg.data.val_data == ["/shared/a.parquet", "/shared/b.parquet"]
 
 
-def test_tiny_local_config_validates_and_keeps_its_own_sections_out_of_skyrl() -> None:
+def test_smoke_config_validates_and_keeps_its_own_sections_out_of_skyrl() -> None:
     config = load_config(
-        TINY_LOCAL_CONFIG, ["local.warm_start.steps=3", "local.warm_start.max_seconds=30"]
+        SMOKE_CONFIG, ["local.warm_start.steps=3", "local.warm_start.max_seconds=30"]
     )
     assert config.mazes == MazeDataConfig(
         train_preset="5x5",
@@ -158,13 +159,14 @@ def test_tiny_local_config_validates_and_keeps_its_own_sections_out_of_skyrl() -
     # The eval set's slack is derived from generator.max_turns: every eval maze gets a budget of
     # at most max_turns, exactly as on the cluster (tiny-64: 4 moves + stop + 2 = 7).
     assert eval_slack(config.max_turns, config.mazes.eval_set) == 2
-    assert TINY_LOCAL_CONFIG in shipped_configs() and REFERENCE_CONFIG in shipped_configs()
+    assert SMOKE_CONFIG in shipped_configs() and REFERENCE_CONFIG in shipped_configs()
+    assert TINY_LOCAL_CONFIG in shipped_configs()
 
 
 def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path) -> None:
-    assert load_config(TINY_LOCAL_CONFIG).local.ray == LocalRayConfig({}, 600.0)
+    assert load_config(SMOKE_CONFIG).local.ray == LocalRayConfig({}, 600.0)
     config = load_config(
-        TINY_LOCAL_CONFIG,
+        SMOKE_CONFIG,
         [
             "local.ray.worker_resources={rollout_node: 1, gpu: 0.5}",
             "local.ray.start_timeout_s=null",
@@ -229,13 +231,16 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
         ("mazes.cell_px=2", "mazes.cell_px", "must be an int >= 4"),
         ("mazes.train_preset=huge", "mazes.train_preset", "huge"),
         ("mazes.allow_eval_overlap=3", "mazes.allow_eval_overlap", "3 is not a bool"),
+        ("local.perception.route_share=1.5", "local.perception.route_share", "within 0..1"),
+        ("local.perception.route_specs=[]", "local.perception.route_specs", "at least one"),
+        ("local.perception.route_specs=[4x4]", "local.perception.route_specs", "odd"),
     ],
 )
 def test_local_and_mazes_errors_name_the_key_and_where_it_was_set(
     override: str, key: str, fragment: str
 ) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(TINY_LOCAL_CONFIG, [override])
+        load_config(SMOKE_CONFIG, [override])
     assert e.value.key == key
     assert str(e.value).startswith(f"{key}: ")
     assert fragment in str(e.value)
@@ -248,11 +253,15 @@ def test_local_and_mazes_errors_name_the_key_and_where_it_was_set(
     [
         ("mazes.eval_set=medium-64", "mazes.eval_set", "easy-64"),
         ("mazes.reward_spec=shiny", "mazes.reward_spec", "visgym_sft"),
+        ("mazes.report_sets=[easy-64,medium-64]", "mazes.report_sets", "hard-64"),
+        ("local.warm_start.demonstrator=teacher", "local.warm_start.demonstrator", "explorer"),
+        ("local.warm_start.reply=json", "local.warm_start.reply", "action"),
+        ("local.perception.route_eval_set=x-64", "local.perception.route_eval_set", "small-64"),
     ],
 )
 def test_mazes_choices_name_the_allowed_values(override: str, key: str, allowed: str) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(TINY_LOCAL_CONFIG, [override])
+        load_config(SMOKE_CONFIG, [override])
     assert e.value.key == key
     assert e.value.allowed is not None and allowed in e.value.allowed
     assert "allowed values:" in str(e.value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from maze_engine.config import TINY_LOCAL_CONFIG, MazerlConfig, load_config
+from maze_engine.config import SMOKE_CONFIG, MazerlConfig, load_config
 from maze_engine.data import DATA_MANIFEST, MazeDatasets, eval_slack, export_datasets, read_rows
 from maze_engine.errors import ConfigError
 from maze_env import Direction, generate, get_eval_set
@@ -48,7 +48,7 @@ _TEMPLATE = (
 
 
 def _config(run: Path, *overrides: str) -> MazerlConfig:
-    return load_config(TINY_LOCAL_CONFIG, [f"trainer.export_path={run}", *overrides])
+    return load_config(SMOKE_CONFIG, [f"trainer.export_path={run}", *overrides])
 
 
 def _tokenizer() -> Any:
@@ -102,7 +102,7 @@ def test_export_writes_the_files_the_config_names_with_a_manifest(
     assert not ds.reused
     # Everything that decides the files' bytes, so a resumed run (or the other engine) can tell.
     assert json.loads(ds.manifest.read_text()) == {
-        "format": 2,
+        "format": 3,
         "maze_env": maze_env_version,
         "train_preset": "easy",
         "train_size": TRAIN_SIZE,
@@ -203,7 +203,7 @@ def test_export_rejects_unusable_settings_before_writing(tmp_path: Path) -> None
 
 
 def test_local_engine_datasets_reused_refused_or_the_users_own(tmp_path: Path) -> None:
-    config = _config(tmp_path, f"mazes.train_size={TRAIN_SIZE}")  # tiny_local: 5x5, tiny-64
+    config = _config(tmp_path, f"mazes.train_size={TRAIN_SIZE}")  # smoke_5x5: 5x5, tiny-64
     ds = export_datasets(config)
     manifest = tmp_path / "data" / DATA_MANIFEST
     assert ds.manifest == manifest and manifest.is_file()

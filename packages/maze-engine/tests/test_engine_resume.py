@@ -14,7 +14,7 @@ RUNNER = textwrap.dedent(
     import sys
     from maze_engine.config import load_config
     from maze_engine.trainer import train
-    train(load_config("tiny_local", sys.argv[1:]), say=lambda m: print(m, flush=True))
+    train(load_config("smoke_5x5", sys.argv[1:]), say=lambda m: print(m, flush=True))
     """
 )
 STEPS = 3

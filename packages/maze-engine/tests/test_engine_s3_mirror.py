@@ -44,7 +44,7 @@ def _train(run: Path, base: Path, uri: str, *extra: str) -> tuple[Any, list[str]
 
     said: list[str] = []
     config = load_config(
-        "tiny_local",
+        "smoke_5x5",
         [
             f"trainer.export_path={run}",
             f"trainer.policy.model.path={base}",
@@ -84,7 +84,7 @@ def test_checkpoints_and_final_adapter_are_mirrored(s3: Any, base_model: Path, t
             if p.is_file()
         }
         assert local and local <= keys, (step, sorted(local - keys))
-    # The adapter says how its training mazes were rendered (tiny_local: 32 px squares).
+    # The adapter says how its training mazes were rendered (smoke_5x5: 32 px squares).
     assert json.loads((result.final_adapter / "maze_rendering.json").read_text()) == {"cell_px": 32}
     weights = result.final_adapter / "adapter_model.safetensors"
     remote = s3.get_object(Bucket="runs", Key="exp1/final_adapter/adapter_model.safetensors")

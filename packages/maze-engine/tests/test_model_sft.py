@@ -8,6 +8,7 @@ import torch
 from maze_engine.config import WarmStartConfig
 from maze_engine.sft import (
     action_accuracy,
+    demonstration,
     evaluate_policy,
     oracle_episode,
     run_sft,
@@ -39,6 +40,33 @@ def test_oracle_episode_states_the_turn_budget_it_is_given(tiny_policy: Policy) 
     assert f"You have {maze.step_budget(2)} turns" in tight
     assert f"You have {maze.step_budget()} turns" in text(None)
     assert f"You have {maze.step_budget()} turns" not in tight
+
+
+def test_explorer_demonstrations_are_partial_solutions_in_action_tags(tiny_policy: Policy) -> None:
+    import random
+
+    from maze_engine.decisions import replay
+    from maze_env import get_eval_set
+
+    tok = tiny_policy.processor.tokenizer
+    rng = random.Random(0)
+    outcomes: list[bool] = []
+    for maze in get_eval_set("small-64").mazes[:12]:
+        traj, solved = demonstration(
+            tiny_policy, maze, demonstrator="explorer", reply="action", slack=2, rng=rng
+        )
+        replies = [
+            str(tok.decode(traj.input_ids[a:b], skip_special_tokens=True))
+            for a, b in traj.generated_spans()
+        ]
+        assert all(r.startswith("<action>") and r.endswith("</action>") for r in replies)
+        out = replay(maze, replies, maze.step_budget(2))
+        assert out.bumps == 0 and out.solved == solved  # reads every wall; the replay agrees
+        assert solved or len(replies) == maze.step_budget(2)  # else the budget ran out
+        outcomes.append(solved)
+    assert any(outcomes) and not all(outcomes)  # a partial solver at the eval's budget
+    with pytest.raises(ValueError, match="demonstrator must be"):
+        demonstration(tiny_policy, generate("5x5", 0), demonstrator="teacher")
 
 
 def test_short_sft_lowers_loss_and_raises_action_accuracy(

@@ -16,12 +16,17 @@ from maze_engine.errors import ConfigError
 from maze_engine.perception import (
     _char_ids,  # pyright: ignore[reportPrivateUsage]
     _draw,  # pyright: ignore[reportPrivateUsage]
-    held_out_walls,
+    _draw_route,  # pyright: ignore[reportPrivateUsage]
+    held_out_layouts,
     reading_accuracy,
+    route_accuracy,
+    route_example,
+    route_states,
     run_perception,
     transcription,
 )
-from maze_env import Maze, generate, get_eval_set
+from maze_env import Direction, Maze, generate, get_eval_set
+from maze_env.agents import moved
 from maze_env.export import build_rows
 from maze_env.prompts import oracle_reply
 from maze_policy.policy import Policy
@@ -44,6 +49,19 @@ def test_replay_of_the_oracle_is_all_good_decisions() -> None:
     out = replay(maze, replies, 20)
     assert out.solved and out.first_move_good and out.stopped_on_arrival
     assert out.bumps == 0 and out.reached_goal
+    forks = sum(fork for m, fork in route_states("small-64") if m.seed == 4)
+    maze4, replies4 = _oracle_replies("7x7", 4)
+    route4 = replay(maze4, replies4, 20)
+    assert forks == 3 and route4.forks == forks == route4.forks_good  # seed 4: start + two forks
+
+
+def test_a_wrong_turn_at_a_fork_is_a_bad_fork_decision() -> None:
+    maze = generate("7x7", 4)  # forks at the start and two squares on its route
+    dist = distances(maze)
+    start_ways = [d for d in Direction if maze.is_open(moved(maze.start, d))]
+    wrong = next(d for d in start_ways if dist[moved(maze.start, d)] > dist[maze.start])
+    out = replay(maze, [f"<action>{wrong.word}</action>"], 20)
+    assert out.forks == 1 and out.forks_good == 0 and out.first_move_good is False
 
 
 def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
@@ -114,7 +132,7 @@ def test_the_decisions_report_compares_the_first_and_last_evaluation(tmp_path: P
     assert out is not None and out == tmp_path / "decisions.md"
     text = out.read_text()
     assert text.startswith("# Decisions: global step 0 -> 20")
-    assert "| all | 2 | 0% -> 100% | 0% -> 100% | - -> 100% | - -> - |" in text
+    assert "| all | 2 | 0% -> 100% | 0% -> 100% | 0% -> 100% | - -> 100% | - -> - |" in text
 
 
 def test_transcription_marks_agent_goal_and_walls() -> None:
@@ -125,15 +143,22 @@ def test_transcription_marks_agent_goal_and_walls() -> None:
     assert text[0] == "#####"
 
 
-def test_pretraining_never_draws_a_held_out_wall_pattern() -> None:
-    banned = held_out_walls()
-    assert len(banned) >= 60  # small-64 alone has 60 distinct layouts
+def test_pretraining_never_draws_a_held_out_layout() -> None:
+    banned = held_out_layouts()
+    assert len(banned) >= 54  # small-64 alone has 54 distinct layouts
     cfg = PerceptionConfig(specs=["7x7"])
     rng = random.Random(0)
     seeds = itertools.count(0)  # eval-set seeds first: the ban must skip them
     for _ in range(40):
         maze, agent = _draw(cfg, rng, seeds, banned)
-        assert maze.walls.tobytes() + bytes(maze.shape) not in banned and maze.is_open(agent)
+        assert maze.layout_hash() not in banned and maze.is_open(agent)
+        frames = _draw_route(rng, "7x7", seeds, banned, 4)
+        assert 1 <= len(frames) <= 4 and len({f.layout_hash() for f in frames}) == 1
+        for f in frames:
+            assert f.layout_hash() not in banned and f.start != f.goal == frames[0].goal
+            assert f.is_open(f.start) and f.is_open(f.goal)
+        for a, b in itertools.pairwise(frames):  # the agent walks one square or bumps
+            assert abs(a.start[0] - b.start[0]) + abs(a.start[1] - b.start[1]) <= 1
 
 
 def test_a_few_perception_steps_lower_the_loss(tiny_policy: Policy) -> None:
@@ -148,15 +173,48 @@ def test_a_few_perception_steps_lower_the_loss(tiny_policy: Policy) -> None:
     assert set(report.evals[-1]) >= {"5x5/passage_accuracy", "5x5/neighbour_accuracy"}
 
 
+def test_route_examples_answer_the_first_move_of_a_shortest_route(tiny_policy: Policy) -> None:
+    from maze_env.agents import moved
+
+    states = route_states("small-64")
+    assert len(states) == sum(m.optimal_moves for m in get_eval_set("small-64").mazes)
+    assert 0 < sum(fork for _m, fork in states) < len(states)
+    route = [m for m, _fork in states if m.seed == states[0][0].seed]
+    traj = route_example(tiny_policy, route, cell_px=32)  # one frame per square of its route
+    tok = tiny_policy.processor.tokenizer
+    spans = traj.generated_spans()
+    assert len(spans) == len(route) == len(traj.images)
+    for maze, (a, b) in zip(route, spans, strict=True):
+        reply = tok.decode(traj.input_ids[a:b], skip_special_tokens=True)
+        word = reply.removeprefix("<action>").removesuffix("</action>")
+        step = moved(maze.start, Direction[word.upper()])
+        assert distances(maze)[step] == distances(maze)[maze.start] - 1
+    cfg = PerceptionConfig(
+        steps=6,
+        batch_size=2,
+        lr=1e-2,
+        warmup_steps=1,
+        route_share=1.0,
+        route_frames=3,
+        eval_every=0,
+    )
+    report = run_perception(tiny_policy, cfg)
+    assert report.steps_done == 6 and report.losses[-1] < report.losses[0]
+    for walked in (False, True):
+        acc = route_accuracy(tiny_policy, "tiny-64", cell_px=32, walked=walked)
+        assert set(acc) == {"route_squares", "route_forks", "route_mazes"}
+        assert all(0.0 <= v <= 1.0 for v in acc.values())
+
+
 def test_training_rows_that_repeat_eval_layouts_fail_the_run() -> None:
     es = get_eval_set("tiny-64")
     train = build_rows(es.spec, [1_000_000, 1_000_001], split="train")
     val = build_rows(es.spec, es.seeds, split="validation")
     assert overlapping_layouts(train, val) == 2  # 5x5 has 16 layouts, all in tiny-64
-    strict = load_config("tiny_local", ["mazes.allow_eval_overlap=false"])
+    strict = load_config("smoke_5x5", ["mazes.allow_eval_overlap=false"])
     with pytest.raises(ConfigError, match=r"mazes\.allow_eval_overlap.*2 training rows"):
         check_held_out(strict, train, val)
-    check_held_out(load_config("tiny_local"), train, val)  # allowed there
+    check_held_out(load_config("smoke_5x5"), train, val)  # allowed there
 
 
 def test_a_changed_artifact_file_is_refused(
@@ -182,7 +240,7 @@ def test_the_held_out_config_trains_on_no_eval_layout_and_its_base_verifies(
 ) -> None:
     from maze_engine.data import export_datasets, read_rows
 
-    config = load_config("heldout_7x7", [f"trainer.export_path={tmp_path}"])
+    config = load_config("tiny_local", [f"trainer.export_path={tmp_path}"])
     export_datasets(config)
     train = read_rows(config.skyrl.data.train_data)
     val = read_rows(config.skyrl.data.val_data)

@@ -133,9 +133,11 @@ def _pretrain_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"{PROG} pretrain",
         usage=f"{PROG} pretrain --out DIR [--config CONFIG] [key=value ...]",
-        description="Pretrain a tiny VLM's perception: transcribe rendered mazes square by square "
-        "(local.perception; local.tiny_model sizes the model). Writes the model, recipe.json and "
-        "a manifest to DIR, ready to ship under maze_engine/artifacts/. " + OVERRIDES_HELP + ".",
+        description="Pretrain a tiny VLM on dense descriptions of rendered mazes: transcribe them "
+        "square by square and, for local.perception.route_share of the examples, name the way "
+        "from the agent to the goal (local.perception; local.perception.init is where the model "
+        "starts, local.tiny_model sizes a model built here). Writes the model, recipe.json and a "
+        "manifest to DIR, ready to ship under maze_engine/artifacts/. " + OVERRIDES_HELP + ".",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for the artifact")
     p.add_argument(
@@ -266,12 +268,15 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
         return EXIT_WORKERS_LOST
     stages = f"before GRPO {_pct(result.eval_before)} -> after {_pct(result.eval_after)}"
     if result.base_solve_rate is not None:
+        demos = result.warm_start_demonstrator or "oracle"
         stages = (
             f"{result.base_label} {_pct(result.base_solve_rate)} -> warm start "
-            f"({result.warm_start_steps} oracle steps) {_pct(result.eval_before)} -> GRPO "
+            f"({result.warm_start_steps} {demos} steps) {_pct(result.eval_before)} -> GRPO "
             f"{_pct(result.eval_after)}"
         )
     print(f"{config.mazes.eval_set} solve rate: {stages} (global step {result.global_step})")
+    for name, (before, after) in result.reports.items():
+        print(f"{name} solve rate: before GRPO {_pct(before)} -> after {_pct(after)}")
     print(f"final adapter: {result.final_adapter}")
     decisions = result.run_dir / DECISIONS_FILE
     if decisions.is_file():

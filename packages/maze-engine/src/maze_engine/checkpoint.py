@@ -29,7 +29,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -181,6 +181,8 @@ class TrainState:
     global_step: int
     history: list[dict[str, float]]
     eval_before: float | None
+    reports_before: dict[str, float] = field(default_factory=dict[str, float])
+    """Solve rate on each of ``mazes.report_sets`` before GRPO."""
 
 
 def write_train_state(d: Path, state: TrainState, *, adapter_config: dict[str, Any]) -> None:
@@ -209,6 +211,7 @@ def write_train_state(d: Path, state: TrainState, *, adapter_config: dict[str, A
             "global_step": state.global_step,
             "history": state.history,
             "eval_before": state.eval_before,
+            "reports_before": state.reports_before,
         },
         d / "trainer_state.pt",
     )
@@ -243,4 +246,5 @@ def read_train_state(d: Path, lora_names: Sequence[str]) -> TrainState:
         global_step=int(ts["global_step"]),
         history=list(ts["history"]),
         eval_before=ts.get("eval_before"),
+        reports_before=dict(ts.get("reports_before", {})),
     )

@@ -42,7 +42,10 @@ CONFIG_DIR = Path(__file__).with_name("configs")
 REFERENCE_CONFIG = "maze_grpo_qwen3vl8b"
 """The reference HyperPod run: Qwen3-VL-8B, LoRA r32, 3 nodes x 2 GPUs."""
 TINY_LOCAL_CONFIG = "tiny_local"
-"""The local engine's default: a tiny Qwen3-VL built from a config, on CPU."""
+"""The local engine's default, the main job: a tiny Qwen3-VL on CPU, scored on held-out mazes."""
+SMOKE_CONFIG = "smoke_5x5"
+"""A minutes-long local run on 5x5 mazes from a random-init tiny model, for tests and smoke
+runs; its eval set repeats its training layouts (5x5 has only 16)."""
 MAZES_KEY = "mazes"
 LOCAL_KEY = "local"
 CLUSTER_KEY = "cluster"
@@ -65,6 +68,9 @@ class MazeDataConfig:
     """maze-verifier reward spec of the training rows (validation rows always use ``task``)."""
     allow_eval_overlap: bool = False
     """Allow training mazes that repeat eval layouts when the spec has too few to avoid them."""
+    report_sets: list[str] = field(default_factory=list[str])
+    """More fixed eval sets the local engine scores (greedy) before and after GRPO, beside
+    ``eval_set``: e.g. ``easy-64``, the reference result's set."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``mazes.*`` key with a bad value."""
@@ -72,12 +78,16 @@ class MazeDataConfig:
         from maze_verifier import SPECS
 
         _at_least(self, MAZES_KEY, train_size=1, cell_px=4)
-        if self.eval_set not in EVAL_SETS:
-            raise ConfigError(
-                f"{show_value(self.eval_set)} is not a fixed eval set",
-                key=f"{MAZES_KEY}.eval_set",
-                allowed=tuple(EVAL_SETS),
-            )
+        for key, name in (
+            ("eval_set", self.eval_set),
+            *(("report_sets", n) for n in self.report_sets),
+        ):
+            if name not in EVAL_SETS:
+                raise ConfigError(
+                    f"{show_value(name)} is not a fixed eval set",
+                    key=f"{MAZES_KEY}.{key}",
+                    allowed=tuple(EVAL_SETS),
+                )
         try:
             MazeSpec.parse(self.train_preset)
         except MazeSpecError as exc:
@@ -88,6 +98,14 @@ class MazeDataConfig:
                 key=f"{MAZES_KEY}.reward_spec",
                 allowed=tuple(sorted(SPECS)),
             )
+
+
+DEMONSTRATORS = ("oracle", "explorer")
+"""Who plays the warm start's episodes: ``oracle`` takes a shortest route; ``explorer`` reads
+every wall but plans nothing (maze-env's ``ExplorerAgent``), a partial solver."""
+REPLY_FORMATS = ("visgym", "action")
+"""How demonstrated replies read: ``visgym`` is VisGym's SFT format (observation, justification,
+action); ``action`` the action tag alone, a fifth of the tokens to sample per turn."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +131,24 @@ class WarmStartConfig:
     the reply's other tokens; 1 is the plain mean."""
     freeze_patch_embed: bool = True
     """Keep the vision patch projection fixed: its weight gradient is a CPU step's costliest op."""
+    demonstrator: str = "oracle"
+    """Who plays the demonstrations: ``oracle`` (shortest routes) or ``explorer`` (reads every
+    wall, picks forks at random: a partial solver that leaves GRPO the route choice)."""
+    reply: str = "visgym"
+    """How the demonstrated replies read: ``visgym`` (VisGym's SFT format) or ``action`` (the
+    action tag alone)."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad ``local.warm_start.*`` key."""
         where = f"{LOCAL_KEY}.warm_start"
+        for key, value, allowed in (
+            ("demonstrator", self.demonstrator, DEMONSTRATORS),
+            ("reply", self.reply, REPLY_FORMATS),
+        ):
+            if value not in allowed:
+                raise ConfigError(
+                    f"{show_value(value)} is not known", key=f"{where}.{key}", allowed=allowed
+                )
         _at_least(self, where, steps=0, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
         _at_least(self, where, track_every=0)
         _at_least(self, where, max_new_tokens=1)
@@ -136,10 +168,11 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class PerceptionConfig:
-    """``local.perception``: the transcription stage that teaches a tiny model to read mazes.
+    """``local.perception``: the pretraining stage that teaches a tiny model to read mazes.
 
-    Used by ``maze-train pretrain``, which makes the shipped base artifact; its fields are
-    recorded in the artifact's recipe.
+    Dense descriptions of rendered mazes: a transcription of every square, and (``route_share``
+    of the examples) the way from the agent to the goal. Used by ``maze-train pretrain``,
+    which makes the shipped base artifact; its fields are recorded in the artifact's recipe.
     """
 
     steps: int = 4000
@@ -158,25 +191,51 @@ class PerceptionConfig:
     """Reading checks (teacher-forced, held-out mazes) every this many steps and at the end; 0 = never."""
     eval_mazes: int = 16
     max_seconds: float | None = None
+    init: str = "random"
+    """Where the model starts: ``random`` (built from ``local.tiny_model`` and ``seed``), a
+    shipped artifact or a model directory (a later stage on an earlier one)."""
+    route_share: float = 0.0
+    """Share of examples that ask the way to the goal (the first move of a shortest route from
+    the agent, one word) instead of a transcription."""
+    route_specs: list[str] = field(default_factory=lambda: ["7x7"])
+    """Maze specs of the route examples, drawn uniformly (repeat one to weight it)."""
+    route_frames: int = 1
+    """Most frames one route example asks the way on, one after the other (each example draws
+    1..route_frames; the agent walks at random between them)."""
+    snapshot_every: int = 0
+    """Also save the model every this many steps to ``<out>.snapshots/step_<N>`` (not an
+    artifact: for looking at a long run midway); 0 = never."""
+    route_eval_set: str = "small-64"
+    """Fixed eval set whose routes the checks score: every square of each maze's shortest route
+    (held out: pretraining never draws its layouts)."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad ``local.perception.*`` key."""
-        from maze_env import MazeSpec, MazeSpecError
+        from maze_env import EVAL_SETS, MazeSpec, MazeSpecError
 
         where = f"{LOCAL_KEY}.perception"
         _at_least(self, where, steps=1, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
-        _at_least(self, where, cell_px=4)
+        _at_least(self, where, cell_px=4, route_frames=1, snapshot_every=0)
         if self.lr <= 0:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
         if not 0 <= self.random_agent <= 1:
             raise ConfigError("must be within 0..1", key=f"{where}.random_agent")
-        if not self.specs:
-            raise ConfigError("must name at least one maze spec", key=f"{where}.specs")
-        for spec in self.specs:
-            try:
-                MazeSpec.parse(spec)
-            except MazeSpecError as exc:
-                raise ConfigError(str(exc), key=f"{where}.specs") from exc
+        if not 0 <= self.route_share <= 1:
+            raise ConfigError("must be within 0..1", key=f"{where}.route_share")
+        for key, specs in (("specs", self.specs), ("route_specs", self.route_specs)):
+            if not specs:
+                raise ConfigError("must name at least one maze spec", key=f"{where}.{key}")
+            for spec in specs:
+                try:
+                    MazeSpec.parse(spec)
+                except MazeSpecError as exc:
+                    raise ConfigError(str(exc), key=f"{where}.{key}") from exc
+        if self.route_eval_set not in EVAL_SETS:
+            raise ConfigError(
+                f"{show_value(self.route_eval_set)} is not a fixed eval set",
+                key=f"{where}.route_eval_set",
+                allowed=tuple(EVAL_SETS),
+            )
 
 
 _RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -149,10 +149,12 @@ def dataset_settings(config: MazerlConfig) -> dict[str, object]:
     """What the manifest records: everything that decides the datasets' bytes."""
     from maze_env import __version__ as maze_env_version
 
+    mazes = dataclasses.asdict(config.mazes)
+    del mazes["report_sets"]  # scored, never written to the datasets
     return {
-        "format": 2,
+        "format": 3,  # 3: training mazes avoid the eval set's layouts, not only its mazes
         "maze_env": maze_env_version,
-        **dataclasses.asdict(config.mazes),
+        **mazes,
         "slack": eval_slack(config.max_turns, config.mazes.eval_set),
         "eval_reward_spec": EVAL_REWARD_SPEC,
     }
@@ -178,7 +180,7 @@ def _training_seeds(config: MazerlConfig) -> list[int]:
     mazes = config.mazes
     spec, es = MazeSpec.parse(mazes.train_preset), get_eval_set(mazes.eval_set)
     try:
-        return train_seeds(mazes.train_size, spec=spec, avoid=es.mazes)
+        return train_seeds(mazes.train_size, spec=spec, avoid=es.mazes, by="layout")
     except ValueError as exc:
         if not mazes.allow_eval_overlap:
             raise ConfigError(
@@ -249,11 +251,11 @@ def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDat
 def overlapping_layouts(
     train: Sequence[dict[str, Any]], validation: Sequence[dict[str, Any]]
 ) -> int:
-    """How many training rows repeat a validation maze (same walls, start and goal)."""
+    """How many training rows share a validation maze's layout (its walls, whatever the corners)."""
     from maze_env import generate
 
     def layout(row: dict[str, Any]) -> str:
-        return generate(str(row["preset"]), int(row["seed"])).content_hash()
+        return generate(str(row["preset"]), int(row["seed"])).layout_hash()
 
     held_out = {layout(r) for r in validation}
     return sum(layout(r) in held_out for r in train)
@@ -272,7 +274,7 @@ def check_held_out(
     shared = overlapping_layouts(train, validation)
     if shared:
         raise ConfigError(
-            f"{shared} training rows repeat a layout of the eval set {config.mazes.eval_set}: "
+            f"{shared} training rows share a layout with the eval set {config.mazes.eval_set}: "
             "the eval would measure memorised mazes; use other training files or set "
             "mazes.allow_eval_overlap=true",
             key="mazes.allow_eval_overlap",

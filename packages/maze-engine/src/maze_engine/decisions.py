@@ -42,6 +42,11 @@ class Replayed:
     recoveries: int
     """Bumps followed by a good move on the next turn."""
     solved: bool
+    forks: int = 0
+    """Turns taken on a fork: a square with more than one open way besides the one the agent
+    came from (the decisions that need the route, not just the walls)."""
+    forks_good: int = 0
+    """Of those, the turns that moved along a shortest path."""
 
 
 def distances(maze: Maze) -> dict[Pos, int]:
@@ -83,14 +88,21 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     first: bool | None = None
     arrived_at: int | None = None
     stopped_on_arrival: bool | None = None
-    bumps = recoveries = 0
+    bumps = recoveries = forks = forks_good = 0
     last_bumped = False
+    came_from: Pos | None = None
     for turn, reply in enumerate(replies):
         if game.done:
             break
         before = game.agent
+        ways_on = [p for p in _neighbours(before) if maze.is_open(p) and p != came_from]
         result = game.step(reply)
         good = result.outcome == "moved" and dist[game.agent] == dist[before] - 1
+        if len(ways_on) > 1 and before != maze.goal:
+            forks += 1
+            forks_good += good
+        if result.outcome == "moved":
+            came_from = before
         if turn == 0:
             first = good if result.outcome in ("moved", "bumped") else None
         if last_bumped:
@@ -111,7 +123,14 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         bumps=bumps,
         recoveries=recoveries,
         solved=game.solved,
+        forks=forks,
+        forks_good=forks_good,
     )
+
+
+def _neighbours(pos: Pos) -> list[Pos]:
+    r, c = pos
+    return [(r + dr, c + dc) for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))]
 
 
 def _rate(values: Iterable[bool | None]) -> tuple[float | None, int]:
@@ -138,10 +157,13 @@ def summarize(episodes: Sequence[Replayed]) -> dict[str, Any]:
     def block(group: Sequence[Replayed]) -> dict[str, Any]:
         stop, n_stop = _rate(e.stopped_on_arrival for e in group)
         bumps = sum(e.bumps for e in group)
+        forks = sum(e.forks for e in group)
         return {
             "episodes": len(group),
             "solved": sum(e.solved for e in group) / len(group) if group else None,
             "first_move_good": first_move_good(e.first_move_good for e in group),
+            "fork_good": sum(e.forks_good for e in group) / forks if forks else None,
+            "forks": forks,
             "stop_on_arrival": stop,
             "arrivals": n_stop,
             "bumps": bumps,
@@ -259,14 +281,21 @@ def compare_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
         return "-" if x is None else f"{float(x):.0%}"  # pyright: ignore[reportArgumentType]
 
     lines = [
-        "| layout class | episodes | solved | first move good | stop on arrival | recovery after bump |",
-        "|---|---|---|---|---|---|",
+        "| layout class | episodes | solved | first move good | good at forks | stop on arrival "
+        "| recovery after bump |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key in after:
         b, a = before.get(key, {}), after[key]
         cells = [
             f"{pct(b.get(m))} -> {pct(a.get(m))}"
-            for m in ("solved", "first_move_good", "stop_on_arrival", "recovery_after_bump")
+            for m in (
+                "solved",
+                "first_move_good",
+                "fork_good",
+                "stop_on_arrival",
+                "recovery_after_bump",
+            )
         ]
         lines.append(f"| {key} | {a['episodes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -293,7 +322,8 @@ def write_decisions_report(run_dir: Path) -> Path | None:
         f"# Decisions: global step {first} -> {last}\n\n"
         f"Greedy evaluation episodes replayed from `{EVALS_DIR}/{before.name}` and "
         f"`{EVALS_DIR}/{after.name}`; a decision is good when it keeps the agent on a shortest "
-        "path.\n\n"
+        "path. A fork is a square with more than one open way besides the one the agent came "
+        "from: its decision needs the route, not just the walls.\n\n"
         f"{table}\n"
     )
     out = run_dir / DECISIONS_FILE

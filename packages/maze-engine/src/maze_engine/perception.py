@@ -1,12 +1,23 @@
 """Perception pretraining: teach a tiny VLM to read a rendered maze before any task tuning.
 
 Real VLMs are aligned on dense image descriptions before instruction tuning; a tiny model built
-from a config has seen nothing. Here it learns to transcribe a rendered maze square by square
-(``#`` wall, ``.`` open, ``A`` agent, ``G`` goal, one row per line), one existing single-byte
-token per square, so every square of the image is tied to one supervised token. The mazes are
-fresh every step and the agent stands on a random open square part of the time, so the model
-must read walls and the agent from the image, not from memorised layouts. Training mazes are
-drawn far from the eval sets' seeds (maze-env's ``TRAIN_SEED_OFFSET``).
+from a config has seen nothing. Here it learns two descriptions of rendered mazes:
+
+* a transcription, square by square (``#`` wall, ``.`` open, ``A`` agent, ``G`` goal, one row
+  per line), one existing single-byte token per square, so every square of the image is tied
+  to one supervised token;
+* the way to the goal (``route_share`` of the examples): the first move of a shortest route
+  from the agent to the goal, answered as an action tag. Agent and goal stand on random
+  squares (the goal on a corner cell half the time), so the answer is read off the walls
+  between them, not off a route remembered per corner. One example asks it of up to
+  ``route_frames`` frames in a row, the agent walking at random between them: a conversation of
+  images, as an episode is, each to be read on its own wherever it stands in the context (a
+  model taught on single images reads a later frame far worse).
+
+The mazes are fresh every step, and no layout of a held-out eval set is ever drawn
+(:func:`held_out_layouts`), so the model must read walls and the agent from the image, not
+from memorised layouts. Training mazes are drawn far from the eval sets' seeds (maze-env's
+``TRAIN_SEED_OFFSET``).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ if TYPE_CHECKING:
     from maze_policy.policy import Policy
 
 PROMPT = "Transcribe the maze row by row: # wall, . open, A agent, G goal."
+ROUTE_PROMPT = "Which way leads from the blue circle to the red square?"
 SEED_STRIDE = 7_919
 """Distance between the maze seeds of two pretraining seeds' streams (prime, so they rarely meet)."""
 
@@ -85,40 +97,182 @@ def perception_example(
 
 
 HELD_OUT_SETS = ("small-64", "easy-64", "hard-64")
-"""Eval sets whose wall patterns pretraining never shows (tiny-64 holds all four 5x5 patterns, so
-no 5x5 maze could be drawn: it is not a held-out set)."""
+"""Eval sets whose layouts pretraining never shows (tiny-64 holds all 16 5x5 layouts, so no
+5x5 maze could be drawn: it is not a held-out set)."""
 
 
-def held_out_walls() -> set[bytes]:
-    """Wall patterns of the held-out eval sets: pretraining never shows them, with any corners."""
+def held_out_layouts() -> set[str]:
+    """``Maze.layout_hash`` of every held-out eval maze: pretraining never shows these walls."""
     from maze_env import get_eval_set
 
-    return {
-        m.walls.tobytes() + bytes(m.shape)
-        for name in HELD_OUT_SETS
-        for m in get_eval_set(name).mazes
-    }
+    return {m.layout_hash() for name in HELD_OUT_SETS for m in get_eval_set(name).mazes}
+
+
+def _fresh_maze(spec: str, seeds: Iterator[int], banned: set[str]) -> Maze:
+    from maze_env import generate
+
+    maze = generate(spec, next(seeds))
+    while maze.layout_hash() in banned:
+        maze = generate(spec, next(seeds))
+    return maze
+
+
+def _open_squares(maze: Maze, *, but: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    rows, cols = maze.shape
+    return [
+        (r, c) for r in range(rows) for c in range(cols) if maze.is_open((r, c)) and (r, c) != but
+    ]
 
 
 def _draw(
-    cfg: PerceptionConfig, rng: random.Random, seeds: Iterator[int], banned: set[bytes]
+    cfg: PerceptionConfig, rng: random.Random, seeds: Iterator[int], banned: set[str]
 ) -> tuple[Maze, tuple[int, int]]:
-    from maze_env import generate
-
-    spec = rng.choice(cfg.specs)
-    maze = generate(spec, next(seeds))
-    while maze.walls.tobytes() + bytes(maze.shape) in banned:
-        maze = generate(spec, next(seeds))
+    maze = _fresh_maze(rng.choice(cfg.specs), seeds, banned)
     agent = maze.start
     if rng.random() < cfg.random_agent:
-        free = [
-            (r, c)
-            for r in range(maze.shape[0])
-            for c in range(maze.shape[1])
-            if maze.is_open((r, c)) and (r, c) != maze.goal
-        ]
-        agent = rng.choice(free)
+        agent = rng.choice(_open_squares(maze, but=maze.goal))
     return maze, agent
+
+
+def _draw_route(
+    rng: random.Random, spec: str, seeds: Iterator[int], banned: set[str], frames: int
+) -> list[Maze]:
+    """Frames of one fresh maze to ask the way on: ``Maze`` copies whose start is the agent.
+
+    The goal is on a random cell (a corner cell half the time, as in the eval sets); the agent
+    starts on a random open square and walks at random (a step to an open neighbour, or a bump
+    that leaves it in place), so later frames show it where an episode would take it.
+    """
+    from maze_env import Maze
+    from maze_env.agents import moved, open_ways
+
+    maze = _fresh_maze(spec, seeds, banned)
+    rows, cols = maze.shape
+    cells = [(r, c) for r in range(1, rows - 1, 2) for c in range(1, cols - 1, 2)]
+    corners = [(1, 1), (1, cols - 2), (rows - 2, 1), (rows - 2, cols - 2)]
+    goal = rng.choice(corners if rng.random() < 0.5 else cells)
+    agent = rng.choice(_open_squares(maze, but=goal))
+    out: list[Maze] = []
+    for _ in range(rng.randint(1, frames)):
+        out.append(Maze(walls=maze.walls, start=agent, goal=goal, spec=maze.spec))
+        ways = [d for d in open_ways(maze, agent) if moved(agent, d) != goal]
+        if ways and rng.random() < 0.9:
+            agent = moved(agent, rng.choice(ways))
+    return out
+
+
+def route_reply(maze: Maze) -> str:
+    """The way to the goal from ``maze.start``: its shortest route's first move, as an action tag."""
+    from maze_env.prompts import action_reply
+
+    return action_reply(maze.optimal_actions[0].word)
+
+
+def route_example(policy: Policy, frames: Sequence[Maze], *, cell_px: int) -> Trajectory:
+    """One conversation asking the way on each frame in turn, every answer supervised.
+
+    A frame is shown with its agent at the frame's ``start``.
+    """
+    from maze_env.prompts import image_part, text_part
+    from maze_env.render import Renderer, Style
+
+    if not frames:
+        raise ValueError("a route example needs at least one frame")
+    renderer = Renderer(frames[0], Style(cell_px=cell_px))
+    enc = policy.encoder
+    traj: Trajectory | None = None
+    for frame in frames:
+        ask = {
+            "role": "user",
+            "content": [image_part(renderer.data_uri(frame.start)), text_part(ROUTE_PROMPT)],
+        }
+        if traj is None:
+            traj = enc.start([ask])
+        else:
+            enc.add_user(traj, ask)
+        enc.add_assistant_text(traj, route_reply(frame))
+    assert traj is not None
+    return traj
+
+
+def route_states(eval_set: str) -> list[tuple[Maze, bool]]:
+    """Each eval maze's route squares (goal excluded) as mazes starting there, and if a fork.
+
+    A fork has more than one way on (at the start: more than one open way).
+    """
+    from maze_env import Maze, get_eval_set
+    from maze_env.agents import open_ways
+
+    out: list[tuple[Maze, bool]] = []
+    for m in get_eval_set(eval_set).mazes:
+        for i, pos in enumerate(m.shortest_path[:-1]):
+            ways_on = len(open_ways(m, pos)) - (1 if i else 0)
+            out.append(
+                (
+                    Maze(walls=m.walls, start=pos, goal=m.goal, spec=m.spec, seed=m.seed),
+                    ways_on >= 2,
+                )
+            )
+    return out
+
+
+def _move_ids(policy: Policy) -> list[int]:
+    """The token of each move word inside its action tag (``<action>``, word, ``</action>``)."""
+    from maze_env import Direction
+    from maze_env.prompts import action_reply
+
+    tok = policy.processor.tokenizer
+    out: list[int] = []
+    for d in Direction:
+        ids = tok.encode(action_reply(d.word), add_special_tokens=False)
+        if len(ids) != 3 or ids[1:2] != tok.encode(d.word, add_special_tokens=False):
+            raise ValueError(
+                f"the tokenizer does not write {action_reply(d.word)!r} as tag, word, tag"
+            )
+        out.append(int(ids[1]))
+    return out
+
+
+def route_accuracy(
+    policy: Policy, eval_set: str, *, cell_px: int, walked: bool = False
+) -> dict[str, float]:
+    """Teacher-forced: is the model's likeliest move word the route's, on ``eval_set``'s routes?
+
+    Each square of a shortest route is asked alone (``walked`` False), or every maze is one
+    conversation of its route's frames in order, as an oracle's episode shows them
+    (``walked``: each frame read after the ones before it). ``route_squares``: every square of
+    every route; ``route_forks``: the squares with more than one way on (the decisions that
+    need planning); ``route_mazes``: mazes whose whole route is answered right.
+    """
+    moves = torch.tensor(_move_ids(policy))
+    states = route_states(eval_set)
+    if walked:
+        by_maze: dict[int | None, list[Maze]] = {}
+        for m, _fork in states:
+            by_maze.setdefault(m.seed, []).append(m)
+        conversations = list(by_maze.values())
+    else:
+        conversations = [[m] for m, _fork in states]
+    hits: list[bool] = []
+    for lo in range(0, len(conversations), 32):
+        trajs = [route_example(policy, c, cell_px=cell_px) for c in conversations[lo : lo + 32]]
+        batch = policy.collate(trajs)
+        with torch.no_grad():
+            logits = policy.model(**batch.model_inputs(), use_cache=False).logits
+        for row, traj in enumerate(trajs):
+            # Each reply opens with the tag; the tag's position predicts the move word.
+            for tag, _end in traj.generated_spans():
+                best = int(moves[logits[row, tag, moves].argmax()])
+                hits.append(best == traj.input_ids[tag + 1])
+    forks = [h for h, (_m, fork) in zip(hits, states, strict=True) if fork]
+    per_maze: dict[int | None, bool] = {}
+    for h, (m, _fork) in zip(hits, states, strict=True):
+        per_maze[m.seed] = per_maze.get(m.seed, True) and h
+    return {
+        "route_squares": sum(hits) / len(hits),
+        "route_forks": sum(forks) / max(1, len(forks)),
+        "route_mazes": sum(per_maze.values()) / len(per_maze),
+    }
 
 
 def _square_hits(
@@ -239,8 +393,12 @@ def run_perception(
     cfg: PerceptionConfig,
     *,
     log: Callable[[dict[str, float]], None] | None = None,
+    snapshot: Callable[[int], None] | None = None,
 ) -> PerceptionReport:
-    """Train ``policy.model`` (all weights) in place on the transcription task."""
+    """Train ``policy.model`` (all weights) in place on the transcription and route tasks.
+
+    ``snapshot(step)`` runs every ``cfg.snapshot_every`` steps (e.g. to save the model midway).
+    """
     from maze_env.export import TRAIN_SEED_OFFSET
 
     model = policy.model
@@ -255,20 +413,30 @@ def run_perception(
     ids = _char_ids(policy)
     rng = random.Random(cfg.seed)
     seeds = itertools.count(TRAIN_SEED_OFFSET + 2_000_000 + cfg.seed * SEED_STRIDE * 1_000)
-    banned = held_out_walls()
+    banned = held_out_layouts()
     checks = {spec: eval_mazes(cfg, spec) for spec in sorted(set(cfg.specs))}
     t_start = time.perf_counter()
     for step in range(cfg.steps):
         if cfg.max_seconds is not None and time.perf_counter() - t_start >= cfg.max_seconds:
             break
-        examples = [_draw(cfg, rng, seeds, banned) for _ in range(cfg.batch_size)]
-        trajs = [
-            perception_example(policy, m, a, cell_px=cfg.cell_px, ids=ids) for m, a in examples
-        ]
+        trajs: list[Trajectory] = []
+        for _ in range(cfg.batch_size):
+            # No draw for the task when there is one task: the transcription-only recipe's
+            # random stream (and so its artifact) stays what it was.
+            if cfg.route_share and rng.random() < cfg.route_share:
+                spec = rng.choice(cfg.route_specs)
+                frames = _draw_route(rng, spec, seeds, banned, cfg.route_frames)
+                trajs.append(route_example(policy, frames, cell_px=cfg.cell_px))
+            else:
+                m, a = _draw(cfg, rng, seeds, banned)
+                trajs.append(perception_example(policy, m, a, cell_px=cfg.cell_px, ids=ids))
         model.train()
         loss = supervised_step(policy, trajs, opt, sched, params)
         report.losses.append(float(loss.detach()))
         report.steps_done = step + 1
+        if snapshot is not None and cfg.snapshot_every and (step + 1) % cfg.snapshot_every == 0:
+            model.eval()
+            snapshot(step + 1)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             model.eval()
             row: dict[str, float] = {
@@ -279,6 +447,13 @@ def run_perception(
             for spec, mazes in checks.items():
                 for k, v in reading_accuracy(policy, mazes, cell_px=cfg.cell_px).items():
                     row[f"{spec}/{k}"] = v
+            if cfg.route_share:
+                for walked in (False, True):
+                    routes = route_accuracy(
+                        policy, cfg.route_eval_set, cell_px=cfg.cell_px, walked=walked
+                    )
+                    tag = "walked_" if walked else ""
+                    row.update({f"{cfg.route_eval_set}/{tag}{k}": v for k, v in routes.items()})
             report.evals.append(row)
             if log is not None:
                 log(row)
@@ -294,11 +469,14 @@ def pretrain(
     command: str,
     log: Callable[[dict[str, float]], None] | None = None,
 ) -> Path:
-    """Build the tiny model from ``local.tiny_model``, pretrain its perception, save an artifact.
+    """Pretrain a tiny model's perception (``local.perception``) and save it as an artifact.
 
-    ``out`` receives the merged model, ``recipe.json`` (``command``, the perception settings, the
-    final reading accuracy, maze-env's version) and a weight-sync manifest, swapped in whole, so
-    the directory can be shipped under ``maze_engine/artifacts/`` and verified on every load.
+    The model starts from ``local.perception.init``: built here from ``local.tiny_model``
+    (``random``), or an earlier artifact or model directory, recorded in the recipe with the
+    sha256 of its weights. ``out`` receives the merged model, ``recipe.json`` (``command``, the
+    settings, the final reading and route accuracy, maze-env's version) and a weight-sync
+    manifest, swapped in whole, so the directory can be shipped under
+    ``maze_engine/artifacts/`` and verified on every load.
     """
     from maze_engine.sft import save_merged
     from maze_env import __version__ as maze_env_version
@@ -309,15 +487,26 @@ def pretrain(
     cfg = config.local.perception
     torch.set_num_threads(config.local.torch_threads)
     with fs.staged_dir(out) as staged:
-        init = staged / ".init"
-        build_tiny_vlm(init, seed=cfg.seed, config=TinyVLMConfig(**config.local.tiny_model))
+        started_from: dict[str, str] = {"init": cfg.init}
+        if cfg.init == "random":
+            init = staged / ".init"
+            build_tiny_vlm(init, seed=cfg.seed, config=TinyVLMConfig(**config.local.tiny_model))
+        else:
+            init = _init_dir(cfg.init)
+            started_from["init_weights_sha256"] = fs.hash_file(init / "model.safetensors")[1]
         model, processor = load_vlm(init)
         policy = Policy(model, processor)
-        report = run_perception(policy, cfg, log=log)
+
+        def snapshot(step: int) -> None:
+            save_merged(policy, Path(f"{out}.snapshots") / f"step_{step}")
+
+        report = run_perception(policy, cfg, log=log, snapshot=snapshot)
         save_merged(policy, staged)
-        shutil.rmtree(init)
+        if cfg.init == "random":
+            shutil.rmtree(init)
         recipe = {
             "command": command,
+            **started_from,
             "perception": asdict(cfg),
             "tiny_model": dict(config.local.tiny_model),
             "maze_env": maze_env_version,
@@ -325,8 +514,18 @@ def pretrain(
             "seconds": round(report.seconds, 1),
             "final_loss": report.losses[-1] if report.losses else None,
             "reading": report.evals[-1] if report.evals else {},
+            "evals": report.evals,
             "held_out_sets": list(HELD_OUT_SETS),
         }
         fs.atomic_write_json(staged / "recipe.json", recipe, indent=1, sort_keys=True)
         fs.write_manifest(staged, producer="maze-train pretrain")
     return out
+
+
+def _init_dir(init: str) -> Path:
+    """A model directory, or a shipped artifact by name (verified against its manifest)."""
+    if Path(init).is_dir():
+        return Path(init)
+    from maze_engine.artifacts import artifact_path
+
+    return artifact_path(init)

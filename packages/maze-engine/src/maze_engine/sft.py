@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,7 @@ from typing import Any, cast
 
 import torch
 
-from maze_engine.config import WarmStartConfig
+from maze_engine.config import DEMONSTRATORS, REPLY_FORMATS, WarmStartConfig
 from maze_engine.errors import MazeEngineError
 from maze_policy.chat import Trajectory
 from maze_policy.policy import Policy, sequence_logprobs
@@ -36,31 +37,58 @@ def _style(cell_px: int) -> Any:
     return Style(cell_px=cell_px)
 
 
-def oracle_episode(
-    policy: Policy, maze: Any, *, cell_px: int = 32, slack: int | None = None
-) -> Trajectory:
-    """Encode the oracle's full episode on ``maze``: every optimal move, then ``stop``.
+def demonstration(
+    policy: Policy,
+    maze: Any,
+    *,
+    demonstrator: str = "oracle",
+    reply: str = "visgym",
+    cell_px: int = 32,
+    slack: int | None = None,
+    rng: random.Random | None = None,
+) -> tuple[Trajectory, bool]:
+    """Encode one demonstrated episode on ``maze`` and say whether it solved the maze.
 
-    ``slack`` sets the turn budget its prompt and feedback state (maze-env's default if None);
-    the warm start demonstrates at the budget its model is evaluated and trained with.
+    The oracle plays every optimal move then ``stop``; the explorer plays until it stops on the
+    goal or the turn budget runs out (``rng`` draws its fork choices). ``slack`` sets the turn
+    budget that the prompt and every feedback state (maze-env's default if None): the warm
+    start demonstrates at the budget its model is evaluated and trained with. Each following
+    user turn is the real feedback with the real rendered image, as a rollout shows it.
     """
     from maze_env import DEFAULT_SLACK, MazeGame
-    from maze_env.prompts import feedback_message, initial_messages, oracle_reply
+    from maze_env.agents import ExplorerAgent
+    from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
 
+    if demonstrator not in DEMONSTRATORS:
+        raise ValueError(f"demonstrator must be one of {DEMONSTRATORS}, got {demonstrator!r}")
+    if reply not in REPLY_FORMATS:
+        raise ValueError(f"reply must be one of {REPLY_FORMATS}, got {reply!r}")
     renderer = Renderer(maze, _style(cell_px))
     game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
     traj = enc.start(initial_messages(maze, game.step_budget, renderer=renderer))
-    words = [d.word for d in maze.optimal_actions] + ["stop"]
-    for i, word in enumerate(words):
-        enc.add_assistant_text(traj, oracle_reply(game.agent, maze.goal, word))
+    route = iter([d.word for d in maze.optimal_actions] + ["stop"])
+    explorer = ExplorerAgent(maze, rng or random.Random(maze.seed))
+    while not game.done:
+        word = next(route) if demonstrator == "oracle" else explorer.act(game.agent)
+        text = (
+            oracle_reply(game.agent, maze.goal, word) if reply == "visgym" else action_reply(word)
+        )
+        enc.add_assistant_text(traj, text)
         result = game.step(word)
-        if i + 1 < len(words):
+        if not game.done:
             enc.add_user(traj, feedback_message(result, game.agent, game.steps_left, renderer))
-    if not game.solved:
+    if demonstrator == "oracle" and not game.solved:
         raise OracleError(f"oracle failed on maze seed {maze.seed}: a maze_env bug")
-    return traj
+    return traj, game.solved
+
+
+def oracle_episode(
+    policy: Policy, maze: Any, *, cell_px: int = 32, slack: int | None = None
+) -> Trajectory:
+    """The oracle's episode on ``maze`` in VisGym's reply format (see :func:`demonstration`)."""
+    return demonstration(policy, maze, cell_px=cell_px, slack=slack)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +177,8 @@ class SFTReport:
     """Greedy solve rate of the model before the warm start, when the caller measured it."""
     base_label: str | None = None
     """What that model was (``random init``, an artifact's name)."""
+    demonstrations_solved: float | None = None
+    """Share of the demonstrated episodes that solved their maze (1.0 for the oracle)."""
 
 
 DECISION_TAGS = ("<justification>", "<action>")
@@ -247,7 +277,9 @@ def run_sft(
     """Train ``policy.model`` in place on oracle episodes of ``spec`` mazes.
 
     Stops after ``config.steps`` steps, or ``config.max_seconds`` of training time when set.
-    Mazes whose ``content_hash`` is in ``avoid`` (a held-out eval set's) are skipped.
+    Mazes whose ``layout_hash`` is in ``avoid`` (a held-out eval set's layouts) are skipped.
+    ``config.demonstrator`` plays the episodes and ``config.reply`` words them
+    (:func:`demonstration`).
     ``track`` (e.g. :func:`maze_engine.decisions.first_move_rates` on the eval set) runs every
     ``config.track_every`` steps and after the last; ``slack`` is the turn slack the
     demonstrations' prompts state and the periodic evaluations give (the main job's, so that the
@@ -269,7 +301,9 @@ def run_sft(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config))
     rng_seed = TRAIN_SEED_OFFSET + seed * 1_000_003
     next_seed = rng_seed
+    explorer_rng = random.Random(rng_seed)
     train_time = 0.0
+    solved = played = 0
     for step in range(config.steps):
         if config.max_seconds is not None and train_time >= config.max_seconds:
             break
@@ -278,9 +312,22 @@ def run_sft(
         while len(mazes) < config.batch_size:
             maze = generate(spec, next_seed)
             next_seed += 1
-            if maze.content_hash() not in avoid:
+            if maze.layout_hash() not in avoid:
                 mazes.append(maze)
-        trajs = [oracle_episode(policy, maze, cell_px=cell_px, slack=slack) for maze in mazes]
+        trajs: list[Trajectory] = []
+        for maze in mazes:
+            traj, ok = demonstration(
+                policy,
+                maze,
+                demonstrator=config.demonstrator,
+                reply=config.reply,
+                cell_px=cell_px,
+                slack=slack,
+                rng=explorer_rng,
+            )
+            trajs.append(traj)
+            solved, played = solved + ok, played + 1
+        report.demonstrations_solved = solved / played
         model.train()
         loss = supervised_step(
             policy, trajs, opt, sched, params, decision_weight=config.decision_weight

@@ -15,12 +15,12 @@ from maze_engine.lora_sync import HEAD_RESOURCE
 
 
 def warm_started_base(root: Path, steps: int = 3) -> Path:
-    """The tiny_local base model after a ``steps``-step warm start, built under ``root``."""
+    """The smoke_5x5 base model after a ``steps``-step warm start, built under ``root``."""
     from maze_engine.config import load_config
     from maze_engine.trainer import base_model_dir, prepare_data
 
     config = load_config(
-        "tiny_local",
+        "smoke_5x5",
         [
             f"trainer.export_path={root}",
             "trainer.eval_before_train=false",

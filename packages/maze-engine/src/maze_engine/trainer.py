@@ -94,7 +94,13 @@ class TrainResult:
     base_label: str | None = None
     """What that base was: ``random init``, a shipped artifact's name or a directory."""
     warm_start_steps: int | None = None
-    """Oracle (SFT) steps of the warm start, when the base model was built here."""
+    """Supervised steps of the warm start, when the base model was built here."""
+    warm_start_demonstrator: str | None = None
+    """Who played the warm start's demonstrations (``oracle``, ``explorer``), when built here."""
+    reports: dict[str, tuple[float | None, float | None]] = field(
+        default_factory=dict[str, tuple[float | None, float | None]]
+    )
+    """Solve rate on each of ``mazes.report_sets``, before and after GRPO."""
 
 
 def _adapter_config(lora_cfg: LoraConfig, base: str) -> dict[str, Any]:
@@ -281,13 +287,35 @@ def build_base_model(
     return policy, rate, label
 
 
+def report_rows(config: MazerlConfig, eval_set: str) -> list[dict[str, Any]]:
+    """Validation rows of one of ``mazes.report_sets``: the main eval's rendering and slack."""
+    from maze_engine.data import EVAL_REWARD_SPEC
+    from maze_env import get_eval_set
+    from maze_env.export import build_rows
+
+    es = get_eval_set(eval_set)
+    rows = build_rows(
+        es.spec,
+        es.seeds,
+        split="validation",
+        slack=eval_slack(config.max_turns, config.mazes.eval_set),
+        style=Style(cell_px=config.mazes.cell_px),
+    )
+    for row in rows:
+        row["reward_spec"] = {**row["reward_spec"], "spec": EVAL_REWARD_SPEC}
+    return rows
+
+
 def held_out_hashes(config: MazerlConfig) -> frozenset[str]:
-    """Layouts no training stage may show: the eval set's, unless overlap is allowed."""
+    """Layouts no training stage may show: the eval set's, unless overlap is allowed.
+
+    Layouts are ``Maze.layout_hash``: the walls, whatever the start and goal.
+    """
     if config.mazes.allow_eval_overlap:
         return frozenset()
     from maze_env import get_eval_set
 
-    return frozenset(m.content_hash() for m in get_eval_set(config.mazes.eval_set).mazes)
+    return frozenset(m.layout_hash() for m in get_eval_set(config.mazes.eval_set).mazes)
 
 
 def first_move_tracker(config: MazerlConfig, policy: Policy) -> Callable[[], dict[str, float]]:
@@ -441,7 +469,7 @@ def grpo_update(
     batch: Batch,
     *,
     advantages: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     algo: AlgorithmConfig,
     sampling: SamplingParams,
     max_grad_norm: float,
@@ -450,9 +478,15 @@ def grpo_update(
     """One optimizer step on one mini-batch.
 
     SkyRL's policy loss (+ KL) on the policy's log-probs, gradient clipping, step. Returns the
-    loss metrics plus ``policy/grad_norm``.
+    loss metrics plus ``policy/grad_norm``. ``old_logprobs`` None means the policy has not
+    changed since the rollout's log-probs were taken as old (the step's only update): this
+    pass's own log-probs, detached, are the old ones, as a separate pass would compute them.
     """
     new, entropy = policy_logprobs_and_entropy(policy, batch, sampling)
+    if old_logprobs is None:
+        old_logprobs = new.detach()
+    # The sampler's recorded log-probs against the learner's for the same weights.
+    drift = float(((batch.old_logprobs - old_logprobs).abs() * batch.loss_mask).max())
     out = policy_loss(
         new,
         old_logprobs,
@@ -467,7 +501,11 @@ def grpo_update(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()  # pyright: ignore[reportUnknownMemberType]
-    return {**out.metrics, "policy/grad_norm": float(grad_norm)}
+    return {
+        **out.metrics,
+        "policy/grad_norm": float(grad_norm),
+        "policy/rollout_train_logprob_abs_diff_max": drift,
+    }
 
 
 class Trainer:
@@ -523,6 +561,8 @@ class Trainer:
         self.store = AdapterStore(self.sync_root)
         self.global_step = 0
         self.eval_before: float | None = None
+        self.reports_before: dict[str, float] = {}
+        self.report_rows = {name: report_rows(config, name) for name in config.mazes.report_sets}
         self._last_eval: tuple[int, dict[str, float]] | None = None
         self.history: list[dict[str, float]] = []
         self.last_saved_unixtime: float | None = None
@@ -558,6 +598,7 @@ class Trainer:
             global_step=self.global_step,
             history=self.history,
             eval_before=self.eval_before,
+            reports_before=self.reports_before,
         )
         adapter_config = _adapter_config(self.lora_cfg, str(self.model_dir))
         ckpt = self.ckpts.save(
@@ -613,6 +654,7 @@ class Trainer:
         self.global_step = state.global_step
         self.history = state.history
         self.eval_before = state.eval_before
+        self.reports_before = state.reports_before
 
     def publish_adapter(self) -> int:
         """Write the current adapter in PEFT layout and publish it; workers load that version."""
@@ -675,6 +717,27 @@ class Trainer:
         self._last_eval = (self.global_step, out)
         return out
 
+    def evaluate_reports(self) -> dict[str, float]:
+        """Greedy episodes on each of ``mazes.report_sets``: ``eval/<set>/pass_at_1``.
+
+        Each row's own budget ends its episodes (the sets' mazes may be longer than the main
+        set's); the episodes are recorded under ``evals/<set>/``.
+        """
+        out: dict[str, float] = {}
+        for name, rows in self.report_rows.items():
+            eps = self.rollouts.run(
+                rows,
+                list(range(len(rows))),
+                list(range(len(rows))),
+                self.eval_sampling,
+                derive_seed(self.seed, "eval", name),
+                outcomes_only=True,
+            )
+            path = self.run_dir / EVALS_DIR / name / f"step_{self.global_step}.jsonl"
+            write_eval_records(path, rows, eps)
+            out[f"eval/{name}/pass_at_1"] = float(np.mean([float(e.solved) for e in eps]))
+        return out
+
     def train_step(self) -> dict[str, float]:
         """One GRPO step: rollouts, advantages, policy update(s), adapter publish and sync."""
         t_step = time.perf_counter()
@@ -709,37 +772,42 @@ class Trainer:
         # Old (and reference) log-probs of every mini-batch come from the policy as it was before
         # this step's first update, as in SkyRL; recomputing them per epoch or after an earlier
         # mini-batch's update would pin the PPO ratio at 1.
-        minibatches: list[tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        epochs = int(self.skyrl.trainer.update_epochs_per_batch)
+        # One mini-batch updated once: its old log-probs are the update pass's own (detached),
+        # so that pass serves both and a forward pass per step is saved.
+        single = epochs == 1 and len(episodes) <= mb_size
+        minibatches: list[tuple[Batch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         for lo in range(0, len(episodes), mb_size):
             batch = self.policy.collate([e.trajectory for e in episodes[lo : lo + mb_size]])
             adv = advantages[lo : lo + mb_size, : batch.input_ids.shape[1]]
+            old = None
             with torch.no_grad():
-                old = policy_logprobs(self.policy, batch, self.sampling)
+                if not single:
+                    old = policy_logprobs(self.policy, batch, self.sampling)
                 ref = None
                 if self.algo.use_kl_loss:
                     with cast(Any, self.policy.model).disable_adapter():
                         ref = policy_logprobs(self.policy, batch, self.sampling)
-            diff = (batch.old_logprobs - old).abs() * batch.loss_mask
-            metrics["policy/rollout_train_logprob_abs_diff_max"] = max(
-                metrics.get("policy/rollout_train_logprob_abs_diff_max", 0.0), float(diff.max())
-            )
             minibatches.append((batch, adv, old, ref))
-        for _epoch in range(int(self.skyrl.trainer.update_epochs_per_batch)):
+        drift = 0.0
+        for epoch in range(epochs):
             for batch, adv, old, ref in minibatches:
-                metrics.update(
-                    grpo_update(
-                        self.policy,
-                        self.optimizer,
-                        batch,
-                        advantages=adv,
-                        old_logprobs=old,
-                        algo=self.algo,
-                        sampling=self.sampling,
-                        max_grad_norm=self.max_grad_norm,
-                        ref_logprobs=ref,
-                    )
+                update = grpo_update(
+                    self.policy,
+                    self.optimizer,
+                    batch,
+                    advantages=adv,
+                    old_logprobs=old,
+                    algo=self.algo,
+                    sampling=self.sampling,
+                    max_grad_norm=self.max_grad_norm,
+                    ref_logprobs=ref,
                 )
+                if epoch == 0:  # later epochs compare against an already updated policy
+                    drift = max(drift, update["policy/rollout_train_logprob_abs_diff_max"])
+                metrics.update(update)
                 self.scheduler.step()
+        metrics["policy/rollout_train_logprob_abs_diff_max"] = drift
         self.policy.model.eval()
         t_train = time.perf_counter() - t0
 
@@ -794,10 +862,14 @@ class Trainer:
         if t.eval_before_train and self.global_step == 0:
             ev = self.evaluate()
             self.eval_before = ev["eval/all/pass_at_1"]
-            self.metrics.log(0, ev)
+            reports = self.evaluate_reports()
+            self.reports_before = {k.split("/")[1]: v for k, v in reports.items()}
+            self.metrics.log(0, {**ev, **reports})
             self.draw_curves()
+            also = "".join(f", {k} {v:.2%}" for k, v in self.reports_before.items())
             self.say(
-                f"eval before training: {self.config.mazes.eval_set} solve rate {self.eval_before:.2%}"
+                f"eval before training: {self.config.mazes.eval_set} solve rate "
+                f"{self.eval_before:.2%}{also}"
             )
         bar: Any = None
         if self.config.local.progress:
@@ -845,6 +917,9 @@ class Trainer:
             eval_after = ev["eval/all/pass_at_1"]
             if not done:
                 self.metrics.log(self.global_step, ev)
+        reports_after = self.evaluate_reports()
+        if reports_after:
+            self.metrics.log(self.global_step, reports_after)
         self.draw_curves()
         write_decisions_report(self.run_dir)
         final = self.run_dir / "final_adapter"
@@ -869,6 +944,11 @@ class Trainer:
             base_solve_rate=report.get("base_solve_rate"),
             base_label=report.get("base_label"),
             warm_start_steps=report.get("steps_done") if report else None,
+            warm_start_demonstrator=report.get("config", {}).get("demonstrator"),
+            reports={
+                name: (self.reports_before.get(name), reports_after.get(f"eval/{name}/pass_at_1"))
+                for name in self.report_rows
+            },
         )
 
     def close(self) -> None:
