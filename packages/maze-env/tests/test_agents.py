@@ -8,7 +8,8 @@ from maze_env.maze import Maze
 
 
 def _play(maze: Maze, rng: random.Random, budget: int = 200) -> tuple[MazeGame, list[str]]:
-    game, agent, words = MazeGame.start(maze, budget), ExplorerAgent(maze, rng), []
+    game, agent = MazeGame.start(maze, budget), ExplorerAgent(maze, rng)
+    words: list[str] = []
     while not game.done:
         words.append(agent.act(game.agent))
         assert game.step(words[-1]).outcome in ("moved", "stopped")  # never bumps
