@@ -40,7 +40,11 @@ def main() -> None:
     torch.set_num_threads(1)
     es = get_eval_set(args.eval_set)
     rows = build_rows(
-        es.spec, es.seeds[: args.mazes], split="validation", slack=args.slack, style=Style(cell_px=32)
+        es.spec,
+        es.seeds[: args.mazes],
+        split="validation",
+        slack=args.slack,
+        style=Style(cell_px=32),
     )
     with tempfile.TemporaryDirectory() as tmp:
         model, processor = load_vlm(build_tiny_vlm(tmp, seed=0))

@@ -167,8 +167,9 @@ def sequence_logprobs(
     """Per-token log-probs of ``batch.input_ids`` under ``model``, shape ``[B, L]``, with gradients.
 
     ``out[b, t]`` is ``log p(input_ids[b, t] | input_ids[b, :t], images)`` where
-    ``batch.loss_mask[b, t]`` is 1 (the tokens the policy generated) and 0 elsewhere. Pass the same ``temperature`` and ``suppress_ids`` as at sampling time (see
-    :class:`Policy`) for log-probs that match the recorded ones.
+    ``batch.loss_mask[b, t]`` is 1 (the tokens the policy generated) and 0 elsewhere. Pass the
+    same ``temperature`` and ``suppress_ids`` as at sampling time (see :class:`Policy`) for
+    log-probs that match the recorded ones.
     """
     return sequence_logprobs_and_entropy(
         model, batch, temperature=temperature, suppress_ids=suppress_ids, entropy=False
@@ -177,7 +178,12 @@ def sequence_logprobs(
 
 def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     # A Qwen-VL ForConditionalGeneration is ``model`` (vision + language model, ending in the
-    # final norm) then ``lm_head``; peft's LoRA layers sit inside both, in place.
+    # final norm) then ``lm_head``; peft's LoRA layers sit inside both, in place. A sharded
+    # (FSDP2) model is called whole: its root's forward hooks gather the parameters it holds.
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return None
     base = _unwrap(model)
     body, head = getattr(base, "model", None), getattr(base, "lm_head", None)
     if isinstance(body, nn.Module) and isinstance(head, nn.Module):

@@ -57,10 +57,19 @@ class VisionFeatureCache:
         self._weights_key = b""
         self._output_type: Callable[..., Any] = dict
         self._deepstack = False
+        self._split_deepstack = False
         self._weights_version: tuple[int, ...] = ()
 
     def _tower_learns(self) -> bool:
         return torch.is_grad_enabled() and any(p.requires_grad for p in self.visual.parameters())
+
+    def _sharded(self) -> bool:
+        # FSDP2 frees the parameters it gathers after each pass; hashing them (through a numpy
+        # view of their storage) makes that storage unresizable, so a sharded model runs its
+        # own path.
+        from torch.distributed.fsdp import FSDPModule
+
+        return any(isinstance(m, FSDPModule) for m in self.inner.modules())
 
     def _weights(self) -> bytes:
         # Any in-place change to the tower (an optimizer step, a loaded state dict) bumps a
@@ -77,7 +86,12 @@ class VisionFeatureCache:
     def __call__(
         self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None, **kwargs: Any
     ) -> Any:
-        if image_grid_thw is None or self._tower_learns() or pixel_values.device.type != "cpu":
+        if (
+            image_grid_thw is None
+            or pixel_values.device.type != "cpu"
+            or self._tower_learns()
+            or self._sharded()
+        ):
             return self.original(pixel_values, image_grid_thw, **kwargs)
         weights = self._weights()
         sizes = [int(n) for n in cast(list[int], image_grid_thw.prod(-1).tolist())]
@@ -96,8 +110,13 @@ class VisionFeatureCache:
                 out = self.original(pv, grid[None], **kwargs)
                 self._output_type = type(out)
                 self._deepstack = hasattr(out, "deepstack_features")
+                layers = cast(list[Any], getattr(out, "deepstack_features", None) or [])
+                # Some transformers versions give a layer's features of all frames as one
+                # tensor, newer ones split them per frame as pooler_output is; keep that form.
+                self._split_deepstack = bool(layers) and isinstance(layers[0], tuple | list)
                 deep = tuple(
-                    cast(list[torch.Tensor], getattr(out, "deepstack_features", None) or [])
+                    cast(torch.Tensor, layer[0] if self._split_deepstack else layer)
+                    for layer in layers
                 )
                 got = (cast(torch.Tensor, out.pooler_output[0]), deep)
                 self.entries[key] = got
@@ -113,9 +132,12 @@ class VisionFeatureCache:
         # The model's own output type, so its forward reads the fields it always reads.
         fields: dict[str, Any] = {"pooler_output": tuple(f[0] for f in frames)}
         if self._deepstack:
-            layers = len(frames[0][1])
+            layers = range(len(frames[0][1]))
             fields["deepstack_features"] = [
-                torch.cat([f[1][i] for f in frames]) for i in range(layers)
+                tuple(f[1][i] for f in frames)
+                if self._split_deepstack
+                else torch.cat([f[1][i] for f in frames])
+                for i in layers
             ]
         return self._output_type(**fields)
 
