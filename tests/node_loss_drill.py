@@ -151,6 +151,8 @@ def submit(
             "local",
             "--submit",
             cluster.address,
+            "--config",
+            "smoke_5x5",
             *overrides(run, base, steps, resource),
         ],
         stdout=out.open("wb"),

@@ -176,7 +176,8 @@ def _write_datasets(run: Path) -> None:
 
 def _trainer(run: Path, port: int, steps: int, log: Path) -> subprocess.Popen[bytes]:
     exe = Path(sys.executable).with_name("maze-train")
-    args = [f"trainer.export_path={run}", f"trainer.max_training_steps={steps}"]
+    args = ["--config", "smoke_5x5", f"trainer.export_path={run}"]
+    args += [f"trainer.max_training_steps={steps}"]
     args += [*TRAIN, f"local.prometheus_port={port}"]
     return subprocess.Popen(
         [str(exe), *args],

@@ -48,8 +48,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Generator[raynodes.JobC
 
 
 def submit(cluster: raynodes.JobCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``maze-train --submit`` of the 5x5 smoke config with ``args``."""
+    exe = str(Path(sys.executable).with_name("maze-train"))
     return subprocess.run(
-        [str(Path(sys.executable).with_name("maze-train")), "--submit", cluster.address, *args],
+        [exe, "--submit", cluster.address, "--config", "smoke_5x5", *args],
         capture_output=True,
         text=True,
         timeout=600,

@@ -169,9 +169,7 @@ def test_submit_command_checks_config_before_submitting() -> None:
         build_submit_command(REFERENCE_CONFIG, ["mazes.eval_set=medium-64"], "127.0.0.1:8265")
     assert e.value.key == "mazes.eval_set"
     with pytest.raises(ConfigError) as e:
-        build_submit_command(
-            SMOKE_CONFIG, ["local.sft_steps=3"], "127.0.0.1:8265", engine="local"
-        )
+        build_submit_command(SMOKE_CONFIG, ["local.sft_steps=3"], "127.0.0.1:8265", engine="local")
     assert e.value.key == "local.sft_steps"
     with pytest.raises(ConfigError, match="absolute path") as e:
         build_submit_command("configs/mine.yaml", [], "127.0.0.1:8265")

@@ -179,8 +179,10 @@ def _training_seeds(config: MazerlConfig) -> list[int]:
 
     mazes = config.mazes
     spec, es = MazeSpec.parse(mazes.train_preset), get_eval_set(mazes.eval_set)
+    # The report sets' layouts are held out as well: their figures also claim unseen mazes.
+    avoid = [m for n in (mazes.eval_set, *mazes.report_sets) for m in get_eval_set(n).mazes]
     try:
-        return train_seeds(mazes.train_size, spec=spec, avoid=es.mazes, by="layout")
+        return train_seeds(mazes.train_size, spec=spec, avoid=avoid, by="layout")
     except ValueError as exc:
         if not mazes.allow_eval_overlap:
             raise ConfigError(

@@ -307,15 +307,17 @@ def report_rows(config: MazerlConfig, eval_set: str) -> list[dict[str, Any]]:
 
 
 def held_out_hashes(config: MazerlConfig) -> frozenset[str]:
-    """Layouts no training stage may show: the eval set's, unless overlap is allowed.
+    """Layouts no training stage may show: the eval set's and the report sets'.
 
-    Layouts are ``Maze.layout_hash``: the walls, whatever the start and goal.
+    Empty when ``mazes.allow_eval_overlap`` is set. Layouts are ``Maze.layout_hash``: the
+    walls, whatever the start and goal.
     """
     if config.mazes.allow_eval_overlap:
         return frozenset()
     from maze_env import get_eval_set
 
-    return frozenset(m.layout_hash() for m in get_eval_set(config.mazes.eval_set).mazes)
+    names = (config.mazes.eval_set, *config.mazes.report_sets)
+    return frozenset(m.layout_hash() for n in names for m in get_eval_set(n).mazes)
 
 
 def first_move_tracker(config: MazerlConfig, policy: Policy) -> Callable[[], dict[str, float]]:
