@@ -67,9 +67,15 @@ class VisionFeatureCache:
         # FSDP2 frees the parameters it gathers after each pass; hashing them (through a numpy
         # view of their storage) makes that storage unresizable, so a sharded model runs its
         # own path.
-        from torch.distributed.fsdp import FSDPModule
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # torch < 2.6 keeps FSDP2 under its composable API
+            from torch.distributed._composable.fsdp import (
+                FSDPModule,  # pyright: ignore[reportPrivateImportUsage]
+            )
 
-        return any(isinstance(m, FSDPModule) for m in self.inner.modules())
+        fsdp = cast(type, FSDPModule)
+        return any(isinstance(m, fsdp) for m in self.inner.modules())
 
     def _weights(self) -> bytes:
         # Any in-place change to the tower (an optimizer step, a loaded state dict) bumps a
