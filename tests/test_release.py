@@ -175,20 +175,20 @@ def _free_port() -> int:
 
 def test_build_then_publish_to_a_real_index(repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "dist"
-    proc = _release(repo, "build", "maze-env", "--out", str(out))
+    proc = _release(repo, "build", "maze-verifier", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "would publish maze-env 0.1.0 as tag maze-env-v0.1.0" in proc.stdout
-    assert {p.name for p in out.glob("maze_env-*")} == {
-        "maze_env-0.1.0.tar.gz",
-        "maze_env-0.1.0-py3-none-any.whl",
+    assert "would publish maze-verifier 0.1.0 as tag maze-verifier-v0.1.0" in proc.stdout
+    assert {p.name for p in out.glob("maze_verifier-*")} == {
+        "maze_verifier-0.1.0.tar.gz",
+        "maze_verifier-0.1.0-py3-none-any.whl",
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAZERL_REGISTRY")}
-    proc = _release(repo, "publish", "maze-env", env=env)
+    proc = _release(repo, "publish", "maze-verifier", env=env)
     assert proc.returncode == 1
     assert "MAZERL_REGISTRY_URL and MAZERL_REGISTRY_TOKEN" in proc.stderr
     # The released version cannot go out again.
     env |= {"MAZERL_REGISTRY_URL": "http://127.0.0.1:9/", "MAZERL_REGISTRY_TOKEN": "t"}
-    assert "released already" in _release(repo, "publish", "maze-env", env=env).stderr
+    assert "released already" in _release(repo, "publish", "maze-verifier", env=env).stderr
 
     packages = tmp_path / "index"
     packages.mkdir()
@@ -219,19 +219,19 @@ def test_build_then_publish_to_a_real_index(repo: Path, tmp_path: Path) -> None:
                 time.sleep(0.1)
         else:
             pytest.fail("pypiserver did not come up")
-        target = repo / "packages/maze-env/src/maze_env/__init__.py"
+        target = repo / "packages/maze-verifier/src/maze_verifier/__init__.py"
         target.write_text(target.read_text() + "\n# a change\n")
-        _bump(repo, "packages/maze-env", "0.1.0", "0.1.1", log=True)
+        _bump(repo, "packages/maze-verifier", "0.1.0", "0.1.1", log=True)
         env["MAZERL_REGISTRY_URL"] = f"http://127.0.0.1:{port}/"
-        proc = _release(repo, "publish", "maze-env", "--out", str(tmp_path / "dist2"), env=env)
+        proc = _release(repo, "publish", "maze-verifier", "--out", str(tmp_path / "dist2"), env=env)
         assert proc.returncode == 0, proc.stderr
         assert {p.name for p in packages.iterdir()} == {
-            "maze_env-0.1.1.tar.gz",
-            "maze_env-0.1.1-py3-none-any.whl",
+            "maze_verifier-0.1.1.tar.gz",
+            "maze_verifier-0.1.1-py3-none-any.whl",
         }
         assert _release(repo, "check").returncode == 0  # recorded: the change is released
-        index = httpx.get(f"http://127.0.0.1:{port}/simple/maze-env/", timeout=5).text
-        assert "maze_env-0.1.1-py3-none-any.whl" in index
+        index = httpx.get(f"http://127.0.0.1:{port}/simple/maze-verifier/", timeout=5).text
+        assert "maze_verifier-0.1.1-py3-none-any.whl" in index
     finally:
         server.terminate()
         server.wait(timeout=10)
