@@ -1,6 +1,6 @@
 """Does the GRPO update move the policy where the reward is learnable? A one-turn bandit.
 
-    uv run python packages/maze-engine/benchmarks/grpo_bandit.py runs/tiny-local/base_model \
+    uv run python packages/maze-engine/benchmarks/grpo_bandit.py runs/smoke-5x5/base_model \
         --target up --steps 12
 
 Each step samples 8 first replies for each of 4 maze prompts with the engine's own sampling,

@@ -1,10 +1,10 @@
 """What GRPO can and cannot teach the warm-started tiny model: train on one maze layout.
 
-    uv run python packages/maze-engine/benchmarks/grpo_one_maze.py runs/tiny-local --steps 10
+    uv run python packages/maze-engine/benchmarks/grpo_one_maze.py runs/smoke-5x5 --steps 10
 
 A 5x5 maze has four open cells, so its layout is one of 16: a start/goal corner pair times the
-one walled passage of four; ``tiny-64`` draws 64 mazes from those 16. This script takes the main
-job's warm-started model (``RUN/base_model``) and training rows, keeps only the rows of the layout
+one walled passage of four; ``tiny-64`` draws 64 mazes from those 16. This script takes a 5x5
+run's warm-started model (``RUN/base_model``, e.g. ``--config smoke_5x5``) and training rows, keeps only the rows of the layout
 the warm start fails most often on ``tiny-64`` (or ``--layout``), and runs the engine's own GRPO
 trainer (shipped config, in-process rollouts) on them. It prints the sampled solve rate per step,
 the first move's distribution on every layout before and after, and ``tiny-64`` greedy before and

@@ -247,3 +247,12 @@ def test_the_held_out_config_trains_on_no_eval_layout_and_its_base_verifies(
     assert len(train) == 256 and overlapping_layouts(train, val) == 0
     check_held_out(config, train, val)
     assert artifacts.artifact_path(config.local.tiny_base).is_dir()
+    # The warm start skips the report sets' layouts as well as the eval set's.
+    from maze_engine.trainer import held_out_hashes
+
+    held = held_out_hashes(config)
+    for name in (config.mazes.eval_set, *config.mazes.report_sets):
+        assert {m.layout_hash() for m in get_eval_set(name).mazes} <= held, name
+    assert config.mazes.report_sets == ["easy-64"]
+    overlap = load_config("tiny_local", ["mazes.allow_eval_overlap=true"])
+    assert held_out_hashes(overlap) == frozenset()
