@@ -74,20 +74,13 @@ class MazeDataConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``mazes.*`` key with a bad value."""
-        from maze_env import EVAL_SETS, MazeSpec, MazeSpecError
+        from maze_env import MazeSpec, MazeSpecError
         from maze_verifier import SPECS
 
         _at_least(self, MAZES_KEY, train_size=1, cell_px=4)
-        for key, name in (
-            ("eval_set", self.eval_set),
-            *(("report_sets", n) for n in self.report_sets),
-        ):
-            if name not in EVAL_SETS:
-                raise ConfigError(
-                    f"{show_value(name)} is not a fixed eval set",
-                    key=f"{MAZES_KEY}.{key}",
-                    allowed=tuple(EVAL_SETS),
-                )
+        _eval_set(self.eval_set, f"{MAZES_KEY}.eval_set")
+        for name in self.report_sets:
+            _eval_set(name, f"{MAZES_KEY}.report_sets")
         try:
             MazeSpec.parse(self.train_preset)
         except MazeSpecError as exc:
@@ -211,7 +204,7 @@ class PerceptionConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad ``local.perception.*`` key."""
-        from maze_env import EVAL_SETS, MazeSpec, MazeSpecError
+        from maze_env import MazeSpec, MazeSpecError
 
         where = f"{LOCAL_KEY}.perception"
         _at_least(self, where, steps=1, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
@@ -230,12 +223,7 @@ class PerceptionConfig:
                     MazeSpec.parse(spec)
                 except MazeSpecError as exc:
                     raise ConfigError(str(exc), key=f"{where}.{key}") from exc
-        if self.route_eval_set not in EVAL_SETS:
-            raise ConfigError(
-                f"{show_value(self.route_eval_set)} is not a fixed eval set",
-                key=f"{where}.route_eval_set",
-                allowed=tuple(EVAL_SETS),
-            )
+        _eval_set(self.route_eval_set, f"{where}.route_eval_set")
 
 
 _RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -387,6 +375,15 @@ class MazerlConfig:
     def max_turns(self) -> int:
         """``generator.max_turns``: both engines end an episode after this many turns."""
         return int(self.skyrl.generator.max_turns)
+
+
+def _eval_set(name: str, key: str) -> None:
+    from maze_env import EVAL_SETS
+
+    if name not in EVAL_SETS:
+        raise ConfigError(
+            f"{show_value(name)} is not a fixed eval set", key=key, allowed=tuple(EVAL_SETS)
+        )
 
 
 def _at_least(section: object, where: str, **lows: int) -> None:

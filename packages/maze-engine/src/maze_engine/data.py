@@ -194,6 +194,21 @@ def _training_seeds(config: MazerlConfig) -> list[int]:
         return train_seeds(mazes.train_size, spec=spec)
 
 
+def validation_rows(eval_set: str, *, slack: int, cell_px: int) -> list[dict[str, Any]]:
+    """Rows of fixed eval set ``eval_set``, scored with ``task`` (``EVAL_REWARD_SPEC``)."""
+    from maze_env import get_eval_set
+    from maze_env.export import build_rows
+    from maze_env.render import Style
+
+    es = get_eval_set(eval_set)
+    rows = build_rows(
+        es.spec, es.seeds, split="validation", slack=slack, style=Style(cell_px=cell_px)
+    )
+    for row in rows:
+        row["reward_spec"] = {**row["reward_spec"], "spec": EVAL_REWARD_SPEC}
+    return rows
+
+
 def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDatasets:
     """The datasets ``data.train_data[0]`` / ``data.val_data[0]`` name, exported if needed.
 
@@ -205,7 +220,7 @@ def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDat
     scored with ``task``. Every row's step budget is ``optimal moves + 1 + slack``, with the
     slack from :func:`eval_slack`.
     """
-    from maze_env import MazeSpec, get_eval_set
+    from maze_env import MazeSpec
     from maze_env.export import build_rows, write_rows
     from maze_env.render import Style
     from weight_sync.fs import atomic_write_json, read_json
@@ -231,19 +246,16 @@ def export_datasets(config: MazerlConfig, *, overwrite: bool = False) -> MazeDat
             "(mazes.train_size)",
             key="trainer.train_batch_size",
         )
-    style = Style(cell_px=mazes.cell_px)
-    es = get_eval_set(mazes.eval_set)
     rows = build_rows(
         MazeSpec.parse(mazes.train_preset),
         _training_seeds(config),
         split="train",
         slack=slack,
-        style=style,
+        style=Style(cell_px=mazes.cell_px),
     )
-    val_rows = build_rows(es.spec, es.seeds, split="validation", slack=slack, style=style)
-    for group, spec in ((rows, mazes.reward_spec), (val_rows, EVAL_REWARD_SPEC)):
-        for row in group:
-            row["reward_spec"] = {**row["reward_spec"], "spec": spec}
+    for row in rows:
+        row["reward_spec"] = {**row["reward_spec"], "spec": mazes.reward_spec}
+    val_rows = validation_rows(mazes.eval_set, slack=slack, cell_px=mazes.cell_px)
     write_rows(rows, train)
     write_rows(val_rows, validation)
     atomic_write_json(manifest, settings)

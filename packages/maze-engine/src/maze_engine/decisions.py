@@ -82,6 +82,7 @@ def layout_class(maze: Maze, dist: Mapping[Pos, int] | None = None) -> str:
 def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     """Replay ``replies`` on ``maze`` and classify every decision."""
     from maze_env import MazeGame
+    from maze_env.agents import moved, open_ways
 
     dist = distances(maze)
     game = MazeGame.start(maze, step_budget)
@@ -95,7 +96,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         if game.done:
             break
         before = game.agent
-        ways_on = [p for p in _neighbours(before) if maze.is_open(p) and p != came_from]
+        ways_on = [p for d in open_ways(maze, before) if (p := moved(before, d)) != came_from]
         result = game.step(reply)
         good = result.outcome == "moved" and dist[game.agent] == dist[before] - 1
         if len(ways_on) > 1 and before != maze.goal:
@@ -126,11 +127,6 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         forks=forks,
         forks_good=forks_good,
     )
-
-
-def _neighbours(pos: Pos) -> list[Pos]:
-    r, c = pos
-    return [(r + dr, c + dc) for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1))]
 
 
 def _rate(values: Iterable[bool | None]) -> tuple[float | None, int]:

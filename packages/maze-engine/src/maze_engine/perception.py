@@ -478,6 +478,7 @@ def pretrain(
     manifest, swapped in whole, so the directory can be shipped under
     ``maze_engine/artifacts/`` and verified on every load.
     """
+    from maze_engine.artifacts import model_dir
     from maze_engine.sft import save_merged
     from maze_env import __version__ as maze_env_version
     from maze_policy.model import TinyVLMConfig, build_tiny_vlm, load_vlm
@@ -492,7 +493,7 @@ def pretrain(
             init = staged / ".init"
             build_tiny_vlm(init, seed=cfg.seed, config=TinyVLMConfig(**config.local.tiny_model))
         else:
-            init = _init_dir(cfg.init)
+            init = model_dir(cfg.init)
             started_from["init_weights_sha256"] = fs.hash_file(init / "model.safetensors")[1]
         model, processor = load_vlm(init)
         policy = Policy(model, processor)
@@ -520,12 +521,3 @@ def pretrain(
         fs.atomic_write_json(staged / "recipe.json", recipe, indent=1, sort_keys=True)
         fs.write_manifest(staged, producer="maze-train pretrain")
     return out
-
-
-def _init_dir(init: str) -> Path:
-    """A model directory, or a shipped artifact by name (verified against its manifest)."""
-    if Path(init).is_dir():
-        return Path(init)
-    from maze_engine.artifacts import artifact_path
-
-    return artifact_path(init)

@@ -45,6 +45,7 @@ from maze_engine.data import (
     eval_slack,
     export_datasets,
     read_rows,
+    validation_rows,
 )
 from maze_engine.decisions import EVALS_DIR, write_decisions_report, write_eval_records
 from maze_engine.faults import fault
@@ -253,11 +254,9 @@ def tiny_base_dir(config: MazerlConfig, staging: Path) -> tuple[Path, str]:
             staging / "random", seed=seed, config=TinyVLMConfig(**config.local.tiny_model)
         )
         return staging / "random", "random init"
-    if Path(base).is_dir():
-        return Path(base), base
-    from maze_engine.artifacts import artifact_path
+    from maze_engine.artifacts import model_dir
 
-    return artifact_path(base), base
+    return model_dir(base), base
 
 
 def build_base_model(
@@ -285,25 +284,6 @@ def build_base_model(
     rate = sum(e.solved for e in eps) / len(eps)
     say(f"base model ({label}): solve rate {rate:.2%} on {len(eps)} eval mazes")
     return policy, rate, label
-
-
-def report_rows(config: MazerlConfig, eval_set: str) -> list[dict[str, Any]]:
-    """Validation rows of one of ``mazes.report_sets``: the main eval's rendering and slack."""
-    from maze_engine.data import EVAL_REWARD_SPEC
-    from maze_env import get_eval_set
-    from maze_env.export import build_rows
-
-    es = get_eval_set(eval_set)
-    rows = build_rows(
-        es.spec,
-        es.seeds,
-        split="validation",
-        slack=eval_slack(config.max_turns, config.mazes.eval_set),
-        style=Style(cell_px=config.mazes.cell_px),
-    )
-    for row in rows:
-        row["reward_spec"] = {**row["reward_spec"], "spec": EVAL_REWARD_SPEC}
-    return rows
 
 
 def held_out_hashes(config: MazerlConfig) -> frozenset[str]:
@@ -510,6 +490,11 @@ def grpo_update(
     }
 
 
+def _report_metrics(rates: Mapping[str, float]) -> dict[str, float]:
+    """``eval/<set>/pass_at_1`` of each report set's solve rate."""
+    return {f"eval/{name}/pass_at_1": rate for name, rate in rates.items()}
+
+
 class Trainer:
     """Phase 4: the GRPO loop over a prepared dataset and base model."""
 
@@ -564,7 +549,12 @@ class Trainer:
         self.global_step = 0
         self.eval_before: float | None = None
         self.reports_before: dict[str, float] = {}
-        self.report_rows = {name: report_rows(config, name) for name in config.mazes.report_sets}
+        # The report sets get the main eval's rendering and slack.
+        slack = eval_slack(config.max_turns, config.mazes.eval_set)
+        self.report_rows = {
+            name: validation_rows(name, slack=slack, cell_px=config.mazes.cell_px)
+            for name in config.mazes.report_sets
+        }
         self._last_eval: tuple[int, dict[str, float]] | None = None
         self.history: list[dict[str, float]] = []
         self.last_saved_unixtime: float | None = None
@@ -696,20 +686,30 @@ class Trainer:
             log.warning("could not draw %s: %s", self.run_dir / "curves.png", exc)
 
     # ----- loop ---------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Greedy episodes on the validation rows: ``eval/all/pass_at_1`` is the solve rate."""
-        rows = self.val_rows
+    def _greedy_episodes(
+        self, rows: list[dict[str, Any]], seed: int, records: Path, max_turns: int | None
+    ) -> list[Episode]:
+        """One greedy episode per row, recorded under ``records`` for the step.
+
+        The episodes themselves, so what a run changed can be read off its own records.
+        """
         eps = self.rollouts.run(
             rows,
             list(range(len(rows))),
             list(range(len(rows))),
             self.eval_sampling,
-            derive_seed(self.seed, "eval"),
-            max_turns=self.max_turns,
+            seed,
+            max_turns=max_turns,
             outcomes_only=True,
         )
-        # The episodes themselves, so what a run changed can be read off its own records.
-        write_eval_records(self.run_dir / EVALS_DIR / f"step_{self.global_step}.jsonl", rows, eps)
+        write_eval_records(records / f"step_{self.global_step}.jsonl", rows, eps)
+        return eps
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on the validation rows: ``eval/all/pass_at_1`` is the solve rate."""
+        eps = self._greedy_episodes(
+            self.val_rows, derive_seed(self.seed, "eval"), self.run_dir / EVALS_DIR, self.max_turns
+        )
         solved = [float(e.solved) for e in eps]
         out = {
             "eval/all/pass_at_1": float(np.mean(solved)),
@@ -720,24 +720,16 @@ class Trainer:
         return out
 
     def evaluate_reports(self) -> dict[str, float]:
-        """Greedy episodes on each of ``mazes.report_sets``: ``eval/<set>/pass_at_1``.
+        """Greedy solve rate on each of ``mazes.report_sets``, by set name.
 
         Each row's own budget ends its episodes (the sets' mazes may be longer than the main
         set's); the episodes are recorded under ``evals/<set>/``.
         """
         out: dict[str, float] = {}
         for name, rows in self.report_rows.items():
-            eps = self.rollouts.run(
-                rows,
-                list(range(len(rows))),
-                list(range(len(rows))),
-                self.eval_sampling,
-                derive_seed(self.seed, "eval", name),
-                outcomes_only=True,
-            )
-            path = self.run_dir / EVALS_DIR / name / f"step_{self.global_step}.jsonl"
-            write_eval_records(path, rows, eps)
-            out[f"eval/{name}/pass_at_1"] = float(np.mean([float(e.solved) for e in eps]))
+            seed = derive_seed(self.seed, "eval", name)
+            eps = self._greedy_episodes(rows, seed, self.run_dir / EVALS_DIR / name, None)
+            out[name] = float(np.mean([float(e.solved) for e in eps]))
         return out
 
     def train_step(self) -> dict[str, float]:
@@ -864,9 +856,8 @@ class Trainer:
         if t.eval_before_train and self.global_step == 0:
             ev = self.evaluate()
             self.eval_before = ev["eval/all/pass_at_1"]
-            reports = self.evaluate_reports()
-            self.reports_before = {k.split("/")[1]: v for k, v in reports.items()}
-            self.metrics.log(0, {**ev, **reports})
+            self.reports_before = self.evaluate_reports()
+            self.metrics.log(0, {**ev, **_report_metrics(self.reports_before)})
             self.draw_curves()
             also = "".join(f", {k} {v:.2%}" for k, v in self.reports_before.items())
             self.say(
@@ -921,7 +912,7 @@ class Trainer:
                 self.metrics.log(self.global_step, ev)
         reports_after = self.evaluate_reports()
         if reports_after:
-            self.metrics.log(self.global_step, reports_after)
+            self.metrics.log(self.global_step, _report_metrics(reports_after))
         self.draw_curves()
         write_decisions_report(self.run_dir)
         final = self.run_dir / "final_adapter"
@@ -948,7 +939,7 @@ class Trainer:
             warm_start_steps=report.get("steps_done") if report else None,
             warm_start_demonstrator=report.get("config", {}).get("demonstrator"),
             reports={
-                name: (self.reports_before.get(name), reports_after.get(f"eval/{name}/pass_at_1"))
+                name: (self.reports_before.get(name), reports_after.get(name))
                 for name in self.report_rows
             },
         )

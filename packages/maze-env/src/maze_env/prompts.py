@@ -74,7 +74,7 @@ def oracle_reply(agent: Pos, goal: Pos, action: str) -> str:
         why = (
             f"<justification>Moving {action} follows the shortest path to the goal.</justification>"
         )
-    return f"{where}{why}<action>{action}</action>"
+    return f"{where}{why}{action_reply(action)}"
 
 
 def action_reply(action: str) -> str:

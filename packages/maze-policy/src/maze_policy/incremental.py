@@ -56,18 +56,20 @@ class IncrementalGenerator:
         self._merge = int(policy.processor.image_processor.merge_size)
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self, rows: Sequence[Trajectory] = ()) -> None:
+        """An empty cache for the conversations ``rows``."""
         from transformers import DynamicCache
 
+        n = len(rows)
         self._cache: Any = DynamicCache()
-        self._rows: list[Trajectory] = []
-        self._fed: list[list[int]] = []
+        self._rows: list[Trajectory] = list(rows)
+        self._fed: list[list[int]] = [[] for _ in range(n)]
         """Each row's conversation tokens already in the cache, in order."""
-        self._images: list[int] = []
+        self._images: list[int] = [0] * n
         """Images of each row's conversation already in the cache."""
-        self._next_pos: list[int] = []
+        self._next_pos: list[int] = [0] * n
         """The rotary position of each row's next token."""
-        self._mask = torch.zeros((0, 0), dtype=torch.long)
+        self._mask = torch.zeros((n, 0), dtype=torch.long)
 
     def _select(self, trajectories: Sequence[Trajectory]) -> bool:
         """Keep only the rows of ``trajectories``, in their order; False if one is not cached."""
@@ -177,12 +179,7 @@ class IncrementalGenerator:
         if not trajectories:
             return []
         if not self._select(trajectories):
-            self._reset()
-            n = len(trajectories)
-            self._rows = list(trajectories)
-            self._fed = [[] for _ in range(n)]
-            self._images, self._next_pos = [0] * n, [0] * n
-            self._mask = torch.zeros((n, 0), dtype=torch.long)
+            self._reset(trajectories)
         gen = None
         if seed is not None and not params.greedy:
             gen = torch.Generator().manual_seed(seed)

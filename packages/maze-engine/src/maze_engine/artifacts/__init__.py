@@ -41,3 +41,10 @@ def artifact_path(name: str) -> Path:
     except WeightSyncError as exc:
         raise ArtifactError(f"artifact {name!r} does not match its manifest: {exc}") from exc
     return path
+
+
+def model_dir(name: str) -> Path:
+    """A model directory as given, or else shipped artifact ``name`` (see :func:`artifact_path`)."""
+    if Path(name).is_dir():
+        return Path(name)
+    return artifact_path(name)
