@@ -257,6 +257,7 @@ def test_local_and_mazes_errors_name_the_key_and_where_it_was_set(
         ("local.warm_start.demonstrator=teacher", "local.warm_start.demonstrator", "explorer"),
         ("local.warm_start.reply=json", "local.warm_start.reply", "action"),
         ("local.perception.route_eval_set=x-64", "local.perception.route_eval_set", "small-64"),
+        ("local.context=window", "local.context", "latest"),
     ],
 )
 def test_mazes_choices_name_the_allowed_values(override: str, key: str, allowed: str) -> None:

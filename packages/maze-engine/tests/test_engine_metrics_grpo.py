@@ -58,6 +58,30 @@ def test_advantages_are_skyrls_grpo() -> None:
     assert dr[0, 3].item() == pytest.approx(0.5)
 
 
+def test_turn_sequences_share_their_episodes_group_advantage() -> None:
+    from maze_engine.grpo import episode_advantages, sequence_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    algo = AlgorithmConfig()
+    per_episode = episode_advantages(rewards, groups, algo)
+    # The same value a whole conversation's tokens get, however many turns an episode had.
+    mask = torch.zeros(8, 6)
+    mask[:, 2:5] = 1
+    assert torch.equal(per_episode, compute_advantages(rewards, mask, groups, algo)[:, 3])
+    counts = [3, 1, 2, 1, 1, 4, 2, 1]
+    turns = torch.zeros(sum(counts), 5)
+    turns[:, 1:3] = 1
+    adv = sequence_advantages(per_episode, counts, turns)
+    owner = [e for e, c in enumerate(counts) for _ in range(c)]
+    for row, e in enumerate(owner):
+        assert torch.equal(adv[row, 1:3], per_episode[e].expand(2))
+    assert adv[:, 0].abs().sum() == 0 and adv[:, 3:].abs().sum() == 0
+    assert adv[:3, 1].unique().numel() == 1 and float(adv[0, 1]) > 0 > float(adv[3, 1])
+    with pytest.raises(ValueError, match="15 sequences in all, but 8 counts and 14 rows"):
+        sequence_advantages(per_episode, counts, turns[:-1])
+
+
 def test_policy_loss_gradient_pushes_up_good_actions() -> None:
     algo = AlgorithmConfig(use_kl_loss=False, eps_clip_low=0.2, eps_clip_high=0.28)
     mask = torch.ones(2, 4)

@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from maze_engine.config import LocalConfig
 from maze_engine.trainer import Rollouts
 from maze_engine.workers import lora_config_from_skyrl
@@ -37,3 +39,70 @@ def test_max_turns_caps_episodes_below_the_maze_budget(tiny_vlm_dir: Path, tmp_p
     assert not any(e.solved for e in capped)
     # The capped episode is the uncapped one's first five turns.
     assert capped[0].replies == uncapped[0].replies[:5]
+
+
+def test_grpo_in_the_latest_context_trains_on_turn_sequences(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn is its own sequence through the warm start, rollouts, advantages and update."""
+    import torch
+    from safetensors.torch import load_file  # pyright: ignore[reportUnknownVariableType]
+
+    from maze_engine.config import load_config
+    from maze_engine.trainer import train
+    from maze_policy.rollout import Episode
+
+    played: list[Episode] = []
+    run = Rollouts.run
+
+    def alternate_rewards(self: Rollouts, *args: Any, **kwargs: Any) -> list[Episode]:
+        # A barely trained model solves nothing; alternating rewards within each group make
+        # the advantages nonzero (everything else is the real path).
+        episodes = run(self, *args, **kwargs)
+        for i, ep in enumerate(episodes):
+            ep.reward = float(i % 2)
+        played.extend(episodes)
+        return episodes
+
+    monkeypatch.setattr(Rollouts, "run", alternate_rewards)
+    config = load_config(
+        "smoke_5x5",
+        [
+            f"trainer.export_path={tmp_path / 'run'}",
+            "local.warm_start.steps=3",
+            "local.warm_start.reply=action",
+            "local.warm_start.track_every=0",
+            "trainer.max_training_steps=2",
+            "trainer.train_batch_size=2",
+            "trainer.policy_mini_batch_size=1",
+            "trainer.micro_train_batch_size_per_gpu=2",
+            "trainer.micro_forward_batch_size_per_gpu=2",
+            "generator.n_samples_per_prompt=2",
+            "generator.sampling_params.max_generate_length=12",
+            "generator.max_turns=5",
+            "trainer.eval_interval=0",
+            "trainer.ckpt_interval=1",
+            "trainer.eval_before_train=false",
+            "trainer.policy.optimizer_config.lr=0.01",
+            "local.rollout_workers=0",
+            "local.context=latest",
+            "mazes.train_size=8",
+            "local.progress=false",
+            "local.tensorboard=false",
+        ],
+    )
+    result = train(config, say=lambda _m: None)
+    # The rollouts answered each turn alone: one sequence per turn, one frame each.
+    assert played and all(len(e.turn_trajectories) == e.turns for e in played)
+    assert all(len(s.pixel_values) == 1 for e in played for s in e.sequences)
+    steps = [row for row in result.history if "policy/grad_norm" in row]
+    assert len(steps) == 2 and all(row["policy/grad_norm"] > 0 for row in steps)
+    # The sampler's log-probs are the learner's on the same turn sequences.
+    assert all(row["policy/rollout_train_logprob_abs_diff_max"] < 1e-3 for row in steps)
+    ckpt = result.run_dir / "ckpt"
+    first = load_file(
+        str(ckpt / "global_step_1" / "policy" / "lora_adapter" / "adapter_model.safetensors")
+    )
+    final = load_file(str(result.final_adapter / "adapter_model.safetensors"))
+    assert first.keys() == final.keys()
+    assert any(not torch.equal(first[k], final[k]) for k in first)

@@ -9,6 +9,7 @@ from maze_engine.config import WarmStartConfig
 from maze_engine.sft import (
     action_accuracy,
     demonstration,
+    demonstration_sequences,
     evaluate_policy,
     oracle_episode,
     run_sft,
@@ -16,6 +17,7 @@ from maze_engine.sft import (
     sft_loss,
 )
 from maze_env import generate
+from maze_policy.chat import Trajectory
 from maze_policy.model import load_vlm
 from maze_policy.policy import Policy, sequence_logprobs
 
@@ -67,6 +69,33 @@ def test_explorer_demonstrations_are_partial_solutions_in_action_tags(tiny_polic
     assert any(outcomes) and not all(outcomes)  # a partial solver at the eval's budget
     with pytest.raises(ValueError, match="demonstrator must be"):
         demonstration(tiny_policy, generate("5x5", 0), demonstrator="teacher")
+
+
+def test_latest_context_demonstrations_show_each_turn_alone(tiny_policy: Policy) -> None:
+    """One sequence per turn (the system prompt, that turn's frame and feedback, the reply), the
+    same replies as the whole conversation's."""
+    tok = tiny_policy.processor.tokenizer
+    maze = generate("7x7", 5)
+    whole, solved = demonstration(tiny_policy, maze, reply="action", slack=2)
+    turns, solved_too = demonstration_sequences(
+        tiny_policy, maze, context="latest", reply="action", slack=2
+    )
+    assert solved and solved_too and len(turns) == maze.optimal_moves + 1
+    assert turns[0].input_ids == whole.input_ids[: len(turns[0])]  # the opening turn is shared
+
+    def replies(seqs: list[Trajectory]) -> list[str]:
+        return [
+            str(tok.decode(s.input_ids[a:b], skip_special_tokens=True))
+            for s in seqs
+            for a, b in s.generated_spans()
+        ]
+
+    assert replies(turns) == replies([whole])
+    for seq in turns:
+        assert len(seq.images) == 1 and len(seq.generated_spans()) == 1
+        assert str(tok.decode(seq.input_ids)).count("You are navigating a maze") == 1
+    with pytest.raises(ValueError, match="context must be one of"):
+        demonstration_sequences(tiny_policy, maze, context="window")
 
 
 def test_short_sft_lowers_loss_and_raises_action_accuracy(

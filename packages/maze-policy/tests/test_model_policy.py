@@ -211,3 +211,48 @@ def test_rollouts_keeping_the_cache_equal_rollouts_rereading_every_turn(
         lp = policy_logprobs(policy, batch, params)
     mask = batch.loss_mask.bool()
     assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4
+
+
+def test_latest_context_answers_each_turn_from_the_system_prompt_and_its_own_frame(
+    tiny_policy: Policy,
+) -> None:
+    import pytest
+
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.rollout import run_episodes
+
+    rows = build_rows(MazeSpec.parse("5x5"), [1, 2, 3], split="train", slack=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    eps = run_episodes(tiny_policy, rows, sampling=params, seed=4, context="latest")
+    enc = tiny_policy.encoder
+    for row, ep in zip(rows, eps, strict=True):
+        assert ep.turns >= 1 and len(ep.turn_trajectories) == ep.turns
+        assert ep.sequences == ep.turn_trajectories and not ep.trajectory.input_ids
+        system = [m for m in row["prompt"] if m["role"] == "system"]
+        opening = enc.start(row["prompt"])
+        for turn, seq in enumerate(ep.turn_trajectories):
+            # One frame and one reply per sequence; every prompt opens with the system prompt.
+            assert len(seq.pixel_values) == 1 and len(seq.generated_spans()) == 1
+            head = enc.start([*system, {"role": "user", "content": "x"}]).input_ids
+            prefix = next(
+                i for i, (a, b) in enumerate(zip(head, seq.input_ids, strict=False)) if a != b
+            )
+            assert prefix > 0 and seq.input_ids[:prefix] == head[:prefix]
+            if turn == 0:
+                assert seq.input_ids[: len(opening)] == opening.input_ids
+            else:  # the feedback turn, not the task text
+                prompt = seq.input_ids[: seq.generated_spans()[0][0]]
+                text = str(enc.tokenizer.decode(prompt))
+                assert "Turns left" in text and "Here is a" not in text
+    # The recorded log-probs are the ones the learner recomputes on the turn sequences.
+    batch = tiny_policy.collate([s for e in eps for s in e.sequences])
+    with torch.no_grad():
+        lp = policy_logprobs(tiny_policy, batch, params)
+    mask = batch.loss_mask.bool()
+    assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4
+    # The same seed plays the same episodes; an unknown context is refused.
+    again = run_episodes(tiny_policy, rows, sampling=params, seed=4, context="latest")
+    assert [e.replies for e in eps] == [e.replies for e in again]
+    with pytest.raises(ValueError, match="context must be one of full, latest"):
+        run_episodes(tiny_policy, rows, sampling=params, seed=4, context="window")

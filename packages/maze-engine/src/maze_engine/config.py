@@ -275,6 +275,11 @@ class LocalConfig:
     ray: LocalRayConfig = field(default_factory=LocalRayConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     perception: PerceptionConfig = field(default_factory=PerceptionConfig)
+    context: str = "full"
+    """What the policy answers each turn from, in rollouts, the warm start's demonstrations and
+    every evaluation alike: ``full`` (the whole conversation, VisGym's multi-turn format) or
+    ``latest`` (the system prompt and the latest user turn: the current frame and feedback).
+    The cluster path's SkyRL generator keeps the whole conversation, so it is ``full`` there."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
@@ -293,6 +298,14 @@ class LocalConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``local.*`` key with a bad value."""
         _at_least(self, LOCAL_KEY, rollout_workers=0, torch_threads=1)
+        from maze_policy.rollout import CONTEXTS
+
+        if self.context not in CONTEXTS:
+            raise ConfigError(
+                f"{show_value(self.context)} is not known",
+                key=f"{LOCAL_KEY}.context",
+                allowed=CONTEXTS,
+            )
         if self.prometheus_port is not None and not 0 <= self.prometheus_port <= 65535:
             raise ConfigError(
                 "must be a port number (0 = any free port) or null",

@@ -10,6 +10,7 @@ term from ``compute_approx_kl``. The math is therefore the cluster's, key for ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,33 @@ def compute_advantages(
         var = ((advantages - mean).pow(2) * loss_mask).sum() / n
         advantages = (advantages - mean) * var.clamp(min=1e-8).rsqrt()
     return advantages
+
+
+def episode_advantages(
+    rewards: torch.Tensor, group_ids: npt.NDArray[Any], algo: AlgorithmConfig
+) -> torch.Tensor:
+    """One advantage per episode (E,): :func:`compute_advantages` of a one-token response each.
+
+    For episodes played as several sequences (one per turn, rollout context ``latest``): the
+    group statistics are over episodes, as for whole conversations, whatever their turns.
+    """
+    return compute_advantages(rewards, torch.ones((len(rewards), 1)), group_ids, algo)[:, 0]
+
+
+def sequence_advantages(
+    per_episode: torch.Tensor, counts: Sequence[int], loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-token advantages (S, T): each episode's advantage on its sequences' generated tokens.
+
+    Episode ``e`` owns ``counts[e]`` consecutive rows of ``loss_mask``, in episode order.
+    """
+    if len(counts) != len(per_episode) or sum(counts) != loss_mask.shape[0]:
+        raise ValueError(
+            f"{len(per_episode)} episodes with {sum(counts)} sequences in all, but "
+            f"{len(counts)} counts and {loss_mask.shape[0]} rows"
+        )
+    each = per_episode.repeat_interleave(torch.tensor(list(counts), dtype=torch.long))
+    return each[:, None] * loss_mask.float()
 
 
 @dataclass(frozen=True)

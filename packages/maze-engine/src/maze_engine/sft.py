@@ -47,7 +47,7 @@ def demonstration(
     slack: int | None = None,
     rng: random.Random | None = None,
 ) -> tuple[Trajectory, bool]:
-    """Encode one demonstrated episode on ``maze`` and say whether it solved the maze.
+    """Encode one demonstrated episode on ``maze`` as one conversation; say if it solved the maze.
 
     The oracle plays every optimal move then ``stop``; the explorer plays until it stops on the
     goal or the turn budget runs out (``rng`` draws its fork choices). ``slack`` sets the turn
@@ -55,11 +55,42 @@ def demonstration(
     start demonstrates at the budget its model is evaluated and trained with. Each following
     user turn is the real feedback with the real rendered image, as a rollout shows it.
     """
+    sequences, solved = demonstration_sequences(
+        policy,
+        maze,
+        demonstrator=demonstrator,
+        reply=reply,
+        cell_px=cell_px,
+        slack=slack,
+        rng=rng,
+    )
+    return sequences[0], solved
+
+
+def demonstration_sequences(
+    policy: Policy,
+    maze: Any,
+    *,
+    context: str = "full",
+    demonstrator: str = "oracle",
+    reply: str = "visgym",
+    cell_px: int = 32,
+    slack: int | None = None,
+    rng: random.Random | None = None,
+) -> tuple[list[Trajectory], bool]:
+    """:func:`demonstration` in a rollout ``context``: the sequences a policy would answer in.
+
+    ``full``: the one conversation. ``latest``: one sequence per turn, the system prompt and
+    that turn's user message (its frame and feedback) then the reply, as
+    :func:`maze_policy.rollout.run_episodes` shows a policy each turn in that context.
+    """
     from maze_env import DEFAULT_SLACK, MazeGame
     from maze_env.agents import ExplorerAgent
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
+    from maze_policy.rollout import check_context
 
+    latest = check_context(context) == "latest"
     if demonstrator not in DEMONSTRATORS:
         raise ValueError(f"demonstrator must be one of {DEMONSTRATORS}, got {demonstrator!r}")
     if reply not in REPLY_FORMATS:
@@ -67,7 +98,10 @@ def demonstration(
     renderer = Renderer(maze, _style(cell_px))
     game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
-    traj = enc.start(initial_messages(maze, game.step_budget, renderer=renderer))
+    opening = initial_messages(maze, game.step_budget, renderer=renderer)
+    system = [m for m in opening if m.get("role") == "system"]
+    traj = enc.start(opening)
+    sequences = [traj]
     route = iter([d.word for d in maze.optimal_actions] + ["stop"])
     explorer = ExplorerAgent(maze, rng or random.Random(maze.seed))
     while not game.done:
@@ -77,11 +111,17 @@ def demonstration(
         )
         enc.add_assistant_text(traj, text)
         result = game.step(word)
-        if not game.done:
-            enc.add_user(traj, feedback_message(result, game.agent, game.steps_left, renderer))
+        if game.done:
+            break
+        message = feedback_message(result, game.agent, game.steps_left, renderer)
+        if latest:
+            traj = enc.start([*system, message])
+            sequences.append(traj)
+        else:
+            enc.add_user(traj, message)
     if demonstrator == "oracle" and not game.solved:
         raise OracleError(f"oracle failed on maze seed {maze.seed}: a maze_env bug")
-    return traj, game.solved
+    return sequences, game.solved
 
 
 def oracle_episode(
@@ -117,13 +157,15 @@ def evaluate_policy(
     params: SamplingParams | None = None,
     seed: int = 0,
     slack: int | None = None,
+    context: str = "full",
 ) -> EvalResult:
     """Play whole episodes on ``spec`` mazes ``seeds`` through the skyrl-gym env.
 
     Episodes run as the trainer's rollouts and maze-eval run them
     (:func:`maze_policy.rollout.run_episodes`), ``batch_size`` games in lockstep at a time.
 
-    Greedy by default. Step budgets are optimal + 1 + ``slack`` (maze-env's default slack).
+    Greedy by default. Step budgets are optimal + 1 + ``slack`` (maze-env's default slack);
+    ``context`` is the rollouts' (``full`` or ``latest``).
     """
     from maze_env import DEFAULT_SLACK, MazeSpec
     from maze_env.export import build_rows
@@ -142,7 +184,11 @@ def evaluate_policy(
     solved = turns = invalid = 0
     for lo in range(0, len(rows), batch_size):
         for ep in run_episodes(
-            policy, rows[lo : lo + batch_size], sampling=params, seed=derive_seed(seed, lo)
+            policy,
+            rows[lo : lo + batch_size],
+            sampling=params,
+            seed=derive_seed(seed, lo),
+            context=context,
         ):
             solved += ep.solved
             turns += ep.turns
@@ -273,6 +319,7 @@ def run_sft(
     log: Callable[[dict[str, float]], None] | None = None,
     track: Callable[[], dict[str, float]] | None = None,
     slack: int | None = None,
+    context: str = "full",
 ) -> SFTReport:
     """Train ``policy.model`` in place on oracle episodes of ``spec`` mazes.
 
@@ -285,7 +332,9 @@ def run_sft(
     demonstrations' prompts state and the periodic evaluations give (the main job's, so that the
     warm start shows the budget GRPO and the evaluation use; maze-env's default if None).
     Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
-    eval sets' small seeds; ``out_dir`` saves the merged model there.
+    eval sets' small seeds; ``out_dir`` saves the merged model there. ``context`` is the
+    rollouts' (:func:`demonstration_sequences`); a step trains on every sequence of
+    ``config.batch_size`` episodes.
     """
     from maze_env import generate
     from maze_env.export import TRAIN_SEED_OFFSET
@@ -316,16 +365,17 @@ def run_sft(
                 mazes.append(maze)
         trajs: list[Trajectory] = []
         for maze in mazes:
-            traj, ok = demonstration(
+            sequences, ok = demonstration_sequences(
                 policy,
                 maze,
+                context=context,
                 demonstrator=config.demonstrator,
                 reply=config.reply,
                 cell_px=cell_px,
                 slack=slack,
                 rng=explorer_rng,
             )
-            trajs.append(traj)
+            trajs.extend(sequences)
             solved, played = solved + ok, played + 1
         report.demonstrations_solved = solved / played
         model.train()
@@ -358,6 +408,7 @@ def run_sft(
                 cell_px=cell_px,
                 max_new_tokens=config.max_new_tokens,
                 slack=slack,
+                context=context,
             )
             row = {
                 "step": step + 1,

@@ -49,7 +49,12 @@ from maze_engine.data import (
 )
 from maze_engine.decisions import EVALS_DIR, write_decisions_report, write_eval_records
 from maze_engine.faults import fault
-from maze_engine.grpo import compute_advantages, policy_loss
+from maze_engine.grpo import (
+    compute_advantages,
+    episode_advantages,
+    policy_loss,
+    sequence_advantages,
+)
 from maze_engine.metrics import MetricsSink, mirror_metrics
 from maze_engine.workers import (
     RolloutWorker,
@@ -149,6 +154,7 @@ class Rollouts:
     ) -> None:
         self.shards = max(1, local.rollout_workers)
         self.ray = local.rollout_workers > 0
+        self.context = local.context
         # Absolute paths: Ray workers (on a cluster, say) need not share this working directory.
         model = str(model_dir.resolve()) if model_dir.exists() else str(model_dir)
         args = (model, lora_cfg, local.torch_threads, str(sync_root.resolve()))
@@ -195,7 +201,9 @@ class Rollouts:
         ]
         if self.ray:
             futures = [
-                self.workers[k].rollout.remote(*c, max_turns=max_turns, outcomes_only=outcomes_only)
+                self.workers[k].rollout.remote(
+                    *c, max_turns=max_turns, outcomes_only=outcomes_only, context=self.context
+                )
                 for k, c in enumerate(calls)
             ]
             return [ep for chunk in gather(futures, doing="playing rollouts") for ep in chunk]
@@ -203,7 +211,9 @@ class Rollouts:
         return [
             ep
             for c in calls
-            for ep in worker.rollout(*c, max_turns=max_turns, outcomes_only=outcomes_only)
+            for ep in worker.rollout(
+                *c, max_turns=max_turns, outcomes_only=outcomes_only, context=self.context
+            )
         ]
 
     def close(self) -> None:
@@ -280,6 +290,7 @@ def build_base_model(
         sampling=_eval_sampling(config),
         seed=derive_seed(int(config.skyrl.trainer.seed), "eval"),
         max_turns=config.max_turns,
+        context=config.local.context,
     )
     rate = sum(e.solved for e in eps) / len(eps)
     say(f"base model ({label}): solve rate {rate:.2%} on {len(eps)} eval mazes")
@@ -351,6 +362,7 @@ def warm_start(
                 log=on_log,
                 track=first_move_tracker(config, policy),
                 slack=eval_slack(config.max_turns, config.mazes.eval_set),
+                context=config.local.context,
             )
             if ws.steps
             else SFTReport(config={"steps": 0})
@@ -397,6 +409,7 @@ def warm_start_alone(
             cell_px=mazes.cell_px,
             max_new_tokens=ws.max_new_tokens,
             slack=slack,
+            context=config.local.context,
         )
         return (
             f"{mazes.eval_set} solve {res.solve_rate:.2%} ({res.solved}/{res.episodes}), "
@@ -414,6 +427,7 @@ def warm_start_alone(
         log=lambda row: say(str(row)),
         track=first_move_tracker(config, policy),
         slack=slack,
+        context=config.local.context,
     )
     say(f"after {report.steps_done} steps / {report.seconds:.0f} s: {evaluate()}")
     save_merged(policy, out, report)
@@ -754,10 +768,15 @@ class Trainer:
         t0 = time.perf_counter()
         self.policy.model.train()
         rewards = torch.tensor([e.reward for e in episodes])
-        full = self.policy.collate([e.trajectory for e in episodes])
-        advantages = compute_advantages(
-            rewards, full.loss_mask, np.array([e.group for e in episodes]), self.algo
-        )
+        group_ids = np.array([e.group for e in episodes])
+        # Context ``latest`` plays an episode as one sequence per turn: each episode gets one
+        # advantage from its group, shared by all its turns.
+        whole = self.rollouts.context == "full"
+        if whole:
+            full = self.policy.collate([e.trajectory for e in episodes])
+            advantages = compute_advantages(rewards, full.loss_mask, group_ids, self.algo)
+        else:
+            advantages = episode_advantages(rewards, group_ids, self.algo)
         mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         metrics: dict[str, float] = {}
         torch.manual_seed(
@@ -772,8 +791,13 @@ class Trainer:
         single = epochs == 1 and len(episodes) <= mb_size
         minibatches: list[tuple[Batch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         for lo in range(0, len(episodes), mb_size):
-            batch = self.policy.collate([e.trajectory for e in episodes[lo : lo + mb_size]])
-            adv = advantages[lo : lo + mb_size, : batch.input_ids.shape[1]]
+            chunk = episodes[lo : lo + mb_size]
+            batch = self.policy.collate([s for e in chunk for s in e.sequences])
+            if whole:
+                adv = advantages[lo : lo + mb_size, : batch.input_ids.shape[1]]
+            else:
+                counts = [len(e.sequences) for e in chunk]
+                adv = sequence_advantages(advantages[lo : lo + mb_size], counts, batch.loss_mask)
             old = None
             with torch.no_grad():
                 if not single:
@@ -814,7 +838,7 @@ class Trainer:
         t_sync = time.perf_counter() - t0
 
         solved = np.array([e.solved for e in episodes], dtype=float).reshape(-1, self.n)
-        tokens = sum(e.trajectory.num_generated for e in episodes)
+        tokens = sum(s.num_generated for e in episodes for s in e.sequences)
         turns = sum(e.turns for e in episodes)
         metrics.update(
             {

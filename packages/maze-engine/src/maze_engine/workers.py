@@ -86,8 +86,9 @@ class RolloutWorker:
         *,
         max_turns: int | None = None,
         outcomes_only: bool = False,
+        context: str = "full",
     ) -> list[Episode]:
-        """Play the rows; ``outcomes_only`` drops each trajectory (evaluation reads outcomes).
+        """Play the rows in ``context``; ``outcomes_only`` drops the tokens (evaluation reads outcomes).
 
         What goes back to the learner is only what it reads: the PIL frames are dropped (the
         update uses the pixel values), and with ``outcomes_only`` the tokens and pixel values
@@ -101,12 +102,15 @@ class RolloutWorker:
             row_indices=row_indices,
             groups=groups,
             max_turns=max_turns,
+            context=context,
         )
         for ep in episodes:
             if outcomes_only:
                 ep.trajectory = Trajectory()
+                ep.turn_trajectories = []
             else:
-                ep.trajectory.images = []
+                for seq in ep.sequences:
+                    seq.images = []
         return episodes
 
 

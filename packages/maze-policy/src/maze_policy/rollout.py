@@ -6,6 +6,13 @@ Episodes advance in lockstep: each turn, one batched ``generate`` answers every 
 episode, the env scores the reply, and its observation (feedback text + new image) is appended
 to that episode's token sequence with loss mask 0. The sampled tokens keep mask 1 and their
 sampling-time log-probs.
+
+The ``context`` an episode's turns are answered in is one of :data:`CONTEXTS`: ``full`` (the
+whole conversation so far, VisGym's and SkyRL's multi-turn format) or ``latest`` (the system
+prompt and the latest user turn only: the current frame and the env's feedback). With
+``latest`` each turn is its own token sequence, prompt and reply, kept in
+``Episode.turn_trajectories``; a policy that reads one frame at a time never meets the long
+multi-image contexts a small model loses track in.
 """
 
 from __future__ import annotations
@@ -23,9 +30,26 @@ if TYPE_CHECKING:  # the episode loop itself needs no torch: endpoint evaluation
     from maze_policy.policy import Policy
 
 
+CONTEXTS = ("full", "latest")
+"""What each turn is answered from: the whole conversation, or the system prompt and the latest
+user turn (see the module docstring)."""
+
+
+def check_context(context: str) -> str:
+    """``context`` if it is one of :data:`CONTEXTS`; a ValueError naming them otherwise."""
+    if context not in CONTEXTS:
+        raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
+    return context
+
+
 @dataclass
 class Episode:
-    """One finished episode: its tokens and what the environment made of it."""
+    """One finished episode: its tokens and what the environment made of it.
+
+    ``trajectory`` is the whole conversation (context ``full``); with context ``latest`` it is
+    empty and ``turn_trajectories`` holds each turn's own prompt and reply. :attr:`sequences`
+    is what a learner scores either way.
+    """
 
     row_index: int
     group: int
@@ -35,6 +59,12 @@ class Episode:
     turns: int = 0
     replies: list[str] = field(default_factory=list[str])
     metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+    turn_trajectories: list[Trajectory] = field(default_factory=list["Trajectory"])
+
+    @property
+    def sequences(self) -> list[Trajectory]:
+        """The token sequences the policy answered in: one per turn, or the one conversation."""
+        return self.turn_trajectories or [self.trajectory]
 
 
 def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,6 +111,7 @@ def run_episodes(
     env_config: Mapping[str, Any] | None = None,
     max_turns: int | None = None,
     keep_cache: bool = True,
+    context: str = "full",
 ) -> list[Episode]:
     """Play one episode per row (repeat a row for GRPO samples) and return them in input order.
 
@@ -91,18 +122,28 @@ def run_episodes(
     ``inline_images: false``. With ``keep_cache`` the episodes keep their key/value cache from
     turn to turn (:class:`~maze_policy.incremental.IncrementalGenerator`), so a turn reads only
     its new tokens; without it every turn re-reads the whole conversation (``Policy.generate``).
+    ``context`` is ``full`` or ``latest`` (:data:`CONTEXTS`).
     """
+    from maze_policy.chat import Trajectory
+
+    latest = check_context(context) == "latest"
     tok = policy.processor.tokenizer
     config = {"inline_images": True, **(env_config or {})}
     envs = [make_env(row, config) for row in rows]
     episodes: list[Episode] = []
+    # The sequence each episode's next reply extends: its conversation, or this turn's prompt.
+    current: list[Trajectory] = []
+    systems: list[list[Mapping[str, Any]]] = []
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
-        prompt, _meta = env.init(drop_nulls(row["prompt"]))
+        prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
+        traj = policy.encoder.start(prompt)
+        current.append(traj)
+        systems.append([m for m in prompt if m.get("role") == "system"])
         episodes.append(
             Episode(
                 row_index=row_indices[i] if row_indices is not None else i,
                 group=groups[i] if groups is not None else i,
-                trajectory=policy.encoder.start(cast(Sequence[Mapping[str, Any]], prompt)),
+                trajectory=Trajectory() if latest else traj,
             )
         )
     generate = policy.generate
@@ -113,13 +154,13 @@ def run_episodes(
     active = list(range(len(episodes)))
     turn = 0
     while active:
-        gens = generate(
-            [episodes[i].trajectory for i in active], sampling, seed=derive_seed(seed, turn)
-        )
+        gens = generate([current[i] for i in active], sampling, seed=derive_seed(seed, turn))
         still: list[int] = []
         for i, gen in zip(active, gens, strict=True):
             ep = episodes[i]
-            policy.encoder.add_assistant(ep.trajectory, gen.token_ids, gen.logprobs)
+            policy.encoder.add_assistant(current[i], gen.token_ids, gen.logprobs)
+            if latest:
+                ep.turn_trajectories.append(current[i])
             text = str(tok.decode(gen.token_ids, skip_special_tokens=True))
             ep.replies.append(text)
             out = cast(Mapping[str, Any], envs[i].step(text))
@@ -131,8 +172,12 @@ def run_episodes(
                 ep.solved = bool(ep.metadata.get("solved", False))
                 envs[i].close()
                 continue
-            for message in cast(Sequence[Mapping[str, Any]], out["observations"]):
-                policy.encoder.add_user(ep.trajectory, message)
+            observations = cast(Sequence[Mapping[str, Any]], out["observations"])
+            if latest:
+                current[i] = policy.encoder.start([*systems[i], *observations])
+            else:
+                for message in observations:
+                    policy.encoder.add_user(current[i], message)
             still.append(i)
         active = still
         turn += 1
