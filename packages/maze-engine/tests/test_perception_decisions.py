@@ -256,3 +256,20 @@ def test_the_held_out_config_trains_on_no_eval_layout_and_its_base_verifies(
     assert config.mazes.report_sets == ["easy-64"]
     overlap = load_config("tiny_local", ["mazes.allow_eval_overlap=true"])
     assert held_out_hashes(overlap) == frozenset()
+
+
+def test_the_route_base_records_its_recipe_and_the_base_it_started_from() -> None:
+    import json
+
+    route = artifacts.artifact_path("tiny-qwen3vl-route")
+    recipe = json.loads((route / "recipe.json").read_text())
+    perception = artifacts.artifact_path("tiny-qwen3vl-perception")
+    manifest = json.loads((perception / "manifest.json").read_text())
+    assert recipe["init"] == "tiny-qwen3vl-perception"
+    assert recipe["init_weights_sha256"] == manifest["files"]["model.safetensors"]["sha256"]
+    assert recipe["command"].startswith("maze-train pretrain ")
+    settings = recipe["perception"]
+    assert settings["route_share"] > 0 and recipe["steps_done"] == settings["steps"]
+    assert {"small-64", "easy-64"} <= set(recipe["held_out_sets"])
+    # What it measured on held-out routes is recorded with it (a route square is asked alone).
+    assert recipe["reading"]["small-64/route_forks"] > 0.9
