@@ -88,7 +88,7 @@ def demonstration_sequences(
     from maze_env.agents import ExplorerAgent
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
-    from maze_policy.rollout import check_context
+    from maze_policy.rollout import check_context, latest_turn
 
     latest = check_context(context) == "latest"
     if demonstrator not in DEMONSTRATORS:
@@ -99,7 +99,6 @@ def demonstration_sequences(
     game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
     opening = initial_messages(maze, game.step_budget, renderer=renderer)
-    system = [m for m in opening if m.get("role") == "system"]
     traj = enc.start(opening)
     sequences = [traj]
     route = iter([d.word for d in maze.optimal_actions] + ["stop"])
@@ -115,7 +114,7 @@ def demonstration_sequences(
             break
         message = feedback_message(result, game.agent, game.steps_left, renderer)
         if latest:
-            traj = enc.start([*system, message])
+            traj = enc.start(latest_turn(opening, [message]))
             sequences.append(traj)
         else:
             enc.add_user(traj, message)

@@ -42,6 +42,16 @@ def check_context(context: str) -> str:
     return context
 
 
+def latest_turn(
+    opening: Sequence[Mapping[str, Any]], observations: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """What a later turn is answered from in context ``latest``.
+
+    The opening's system prompt, then that turn's user messages (the frame and the feedback).
+    """
+    return [*(m for m in opening if m.get("role") == "system"), *observations]
+
+
 @dataclass
 class Episode:
     """One finished episode: its tokens and what the environment made of it.
@@ -133,12 +143,12 @@ def run_episodes(
     episodes: list[Episode] = []
     # The sequence each episode's next reply extends: its conversation, or this turn's prompt.
     current: list[Trajectory] = []
-    systems: list[list[Mapping[str, Any]]] = []
+    openings: list[Sequence[Mapping[str, Any]]] = []
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
         prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
         traj = policy.encoder.start(prompt)
         current.append(traj)
-        systems.append([m for m in prompt if m.get("role") == "system"])
+        openings.append(prompt)
         episodes.append(
             Episode(
                 row_index=row_indices[i] if row_indices is not None else i,
@@ -174,7 +184,7 @@ def run_episodes(
                 continue
             observations = cast(Sequence[Mapping[str, Any]], out["observations"])
             if latest:
-                current[i] = policy.encoder.start([*systems[i], *observations])
+                current[i] = policy.encoder.start(latest_turn(openings[i], observations))
             else:
                 for message in observations:
                     policy.encoder.add_user(current[i], message)
