@@ -70,11 +70,21 @@ class Episode:
     replies: list[str] = field(default_factory=list[str])
     metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     turn_trajectories: list[Trajectory] = field(default_factory=list["Trajectory"])
+    states: list[str] = field(default_factory=list[str])
+    """The env state each turn was answered in (the ``agent`` the env reports after ``init``
+    and after every step), one per turn; empty when the env reports none. Turns of a group that
+    met the same state can be compared with each other (step-level advantages)."""
 
     @property
     def sequences(self) -> list[Trajectory]:
         """The token sequences the policy answered in: one per turn, or the one conversation."""
         return self.turn_trajectories or [self.trajectory]
+
+
+def state_key(info: Mapping[str, Any]) -> str | None:
+    """A key for the env state in ``info`` (its ``agent`` square), None if it names none."""
+    agent = info.get("agent")
+    return None if agent is None else ",".join(str(v) for v in cast(Sequence[Any], agent))
 
 
 def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,11 +154,17 @@ def run_episodes(
     # The sequence each episode's next reply extends: its conversation, or this turn's prompt.
     current: list[Trajectory] = []
     openings: list[Sequence[Mapping[str, Any]]] = []
+    # The state each episode's next turn is answered in, while its env reports one.
+    state: list[str | None] = []
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
-        prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
+        prompt, info = cast(
+            tuple[Sequence[Mapping[str, Any]], Mapping[str, Any]],
+            env.init(drop_nulls(row["prompt"])),
+        )
         traj = policy.encoder.start(prompt)
         current.append(traj)
         openings.append(prompt)
+        state.append(state_key(info))
         episodes.append(
             Episode(
                 row_index=row_indices[i] if row_indices is not None else i,
@@ -173,7 +189,10 @@ def run_episodes(
                 ep.turn_trajectories.append(current[i])
             text = str(tok.decode(gen.token_ids, skip_special_tokens=True))
             ep.replies.append(text)
+            if state[i] is not None and len(ep.states) == ep.turns:
+                ep.states.append(cast(str, state[i]))
             out = cast(Mapping[str, Any], envs[i].step(text))
+            state[i] = state_key(cast(Mapping[str, Any], out.get("metadata") or {}))
             ep.turns += 1
             done = bool(out["done"]) or (max_turns is not None and ep.turns >= max_turns)
             if done:
