@@ -82,6 +82,45 @@ def test_turn_sequences_share_their_episodes_group_advantage() -> None:
         sequence_advantages(per_episode, counts, turns[:-1])
 
 
+def test_step_advantages_compare_turns_of_a_group_on_the_same_square() -> None:
+    from maze_engine.grpo import episode_advantages, sequence_advantages, step_advantages
+
+    g = 0.9
+    # Group 0: episode 0 reaches the goal in 3 turns; episode 1 turns off at the start square and
+    # runs out of turns in a dead end; episode 2 (group 1) starts on the same square, alone.
+    rewards = [1.0, 0.0, 1.0]
+    groups = [0, 0, 1]
+    states = [["0,0", "0,1", "1,1"], ["0,0", "1,0", "1,0", "1,0"], ["0,0", "0,1"]]
+    steps = step_advantages(rewards, groups, states, gamma=g)
+    # The start square: returns g**2 and 0, centred over their (n - 1) std: +-1/sqrt(2).
+    assert steps[0][0].item() == pytest.approx(2**-0.5, rel=1e-5)
+    assert steps[1][0].item() == pytest.approx(-(2**-0.5), rel=1e-5)
+    # Squares one episode of the group met alone, or met only by turns that returned alike,
+    # and a group of one, tell nothing apart.
+    assert steps[0][1:].abs().sum() == 0 and steps[1][1:].abs().sum() == 0
+    assert steps[2].abs().sum() == 0
+    assert [len(t) for t in steps] == [3, 4, 2]
+    plain = step_advantages(rewards, groups, states, gamma=g, norm_by_std=False)
+    assert plain[0][0].item() == pytest.approx(g**2 / 2) and plain[1][0].item() == pytest.approx(
+        -(g**2) / 2
+    )
+    # Reaching the goal sooner from the same square is worth more (the discount).
+    faster = step_advantages([1.0, 1.0], [0, 0], [["a", "b"], ["a", "c", "d"]], gamma=g)
+    assert faster[0][0].item() > 0 > faster[1][0].item()
+    with pytest.raises(ValueError, match="2 rewards, 3 group ids and 3 state lists"):
+        step_advantages(rewards[:2], groups, states, gamma=g)
+    # Added to each turn's episode advantage on its generated tokens.
+    per_episode = episode_advantages(torch.tensor(rewards), np.array(groups), AlgorithmConfig())
+    counts = [3, 4, 2]
+    mask = torch.ones(9, 2)
+    adv = sequence_advantages(per_episode, counts, mask, steps)
+    assert adv[0, 0].item() == pytest.approx(per_episode[0].item() + 2**-0.5, rel=1e-5)
+    assert adv[3, 1].item() == pytest.approx(per_episode[1].item() - 2**-0.5, rel=1e-5)
+    assert torch.equal(adv[1:3], per_episode[0].expand(2, 2))
+    with pytest.raises(ValueError, match=r"per-turn advantages for \[3, 4\] turns"):
+        sequence_advantages(per_episode, counts, mask, steps[:2])
+
+
 def test_policy_loss_gradient_pushes_up_good_actions() -> None:
     algo = AlgorithmConfig(use_kl_loss=False, eps_clip_low=0.2, eps_clip_high=0.28)
     mask = torch.ones(2, 4)

@@ -65,6 +65,15 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
         return episodes
 
     monkeypatch.setattr(Rollouts, "run", alternate_rewards)
+    from maze_engine.grpo import step_advantages
+
+    step_terms: list[list[torch.Tensor]] = []
+
+    def record_steps(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        step_terms.append(step_advantages(*args, **kwargs))
+        return step_terms[-1]
+
+    monkeypatch.setattr("maze_engine.trainer.step_advantages", record_steps)
     config = load_config(
         "smoke_5x5",
         [
@@ -86,6 +95,7 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
             "trainer.policy.optimizer_config.lr=0.01",
             "local.rollout_workers=0",
             "local.context=latest",
+            "local.step_advantage_weight=1.0",
             "mazes.train_size=8",
             "local.progress=false",
             "local.tensorboard=false",
@@ -95,6 +105,10 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
     # The rollouts answered each turn alone: one sequence per turn, one frame each.
     assert played and all(len(e.turn_trajectories) == e.turns for e in played)
     assert all(len(s.pixel_values) == 1 for e in played for s in e.sequences)
+    # Every turn knows its square, and each step's turns got step-level terms (GiGPO).
+    assert all(len(e.states) == e.turns for e in played)
+    assert len(step_terms) == 2
+    assert [len(t) for t in step_terms[0]] == [e.turns for e in played[: len(step_terms[0])]]
     steps = [row for row in result.history if "policy/grad_norm" in row]
     assert len(steps) == 2 and all(row["policy/grad_norm"] > 0 for row in steps)
     # The sampler's log-probs are the learner's on the same turn sequences.

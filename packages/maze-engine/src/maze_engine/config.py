@@ -280,6 +280,14 @@ class LocalConfig:
     every evaluation alike: ``full`` (the whole conversation, VisGym's multi-turn format) or
     ``latest`` (the system prompt and the latest user turn: the current frame and feedback).
     The cluster path's SkyRL generator keeps the whole conversation, so it is ``full`` there."""
+    step_advantage_weight: float = 0.0
+    """With context ``latest``: how much of GiGPO's step-level advantage each turn adds to its
+    episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a group
+    answered on the same square are compared by their discounted returns
+    (``maze_engine.grpo.step_advantages``)."""
+    step_advantage_gamma: float = 0.95
+    """The discount of those returns: reaching the goal in fewer turns from a square is worth
+    more."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
@@ -305,6 +313,22 @@ class LocalConfig:
                 f"{show_value(self.context)} is not known",
                 key=f"{LOCAL_KEY}.context",
                 allowed=CONTEXTS,
+            )
+        if self.step_advantage_weight < 0:
+            raise ConfigError(
+                f"must be >= 0, got {show_value(self.step_advantage_weight)}",
+                key=f"{LOCAL_KEY}.step_advantage_weight",
+            )
+        if self.step_advantage_weight > 0 and self.context != "latest":
+            raise ConfigError(
+                "step-level advantages compare turns played as their own sequences: "
+                f"set {LOCAL_KEY}.context=latest",
+                key=f"{LOCAL_KEY}.step_advantage_weight",
+            )
+        if not 0 < self.step_advantage_gamma <= 1:
+            raise ConfigError(
+                f"must be in (0, 1], got {show_value(self.step_advantage_gamma)}",
+                key=f"{LOCAL_KEY}.step_advantage_gamma",
             )
         if self.prometheus_port is not None and not 0 <= self.prometheus_port <= 65535:
             raise ConfigError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -73,12 +73,60 @@ def episode_advantages(
     return compute_advantages(rewards, torch.ones((len(rewards), 1)), group_ids, algo)[:, 0]
 
 
+def step_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[Any],
+    states: Sequence[Sequence[str]],
+    *,
+    gamma: float,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> list[torch.Tensor]:
+    """Step-level advantages (GiGPO's anchor-state groups), one tensor of turns per episode.
+
+    Turn ``t`` of an episode of ``T`` turns that ends with reward ``R`` returns
+    ``gamma ** (T - 1 - t) * R``. The turns of one GRPO group answered in the same env state
+    (``states[e][t]``) form a step group, and a turn's advantage is its return against that
+    group's mean (over its std with ``norm_by_std``). A turn whose state no other turn of the
+    group met, or whose step group returned alike, gets 0: only the decisions the group's
+    episodes took differently, from the same square, are told apart.
+    """
+    if not len(rewards) == len(group_ids) == len(states):
+        raise ValueError(
+            f"{len(rewards)} rewards, {len(group_ids)} group ids and {len(states)} state lists"
+        )
+    returns = [
+        [gamma ** (len(turns) - 1 - t) * float(r) for t in range(len(turns))]
+        for r, turns in zip(rewards, states, strict=True)
+    ]
+    members: dict[tuple[Any, str], list[tuple[int, int]]] = {}
+    for e, (g, turns) in enumerate(zip(group_ids, states, strict=True)):
+        for t, key in enumerate(turns):
+            members.setdefault((g, key), []).append((e, t))
+    out = [torch.zeros(len(turns)) for turns in states]
+    for turns in members.values():
+        if len(turns) < 2:
+            continue
+        values = torch.tensor([returns[e][t] for e, t in turns], dtype=torch.float64)
+        centred = values - values.mean()
+        if norm_by_std:
+            centred = centred / (values.std() + epsilon)
+        for (e, t), a in zip(turns, cast(list[float], centred.tolist()), strict=True):
+            out[e][t] = a
+    return out
+
+
 def sequence_advantages(
-    per_episode: torch.Tensor, counts: Sequence[int], loss_mask: torch.Tensor
+    per_episode: torch.Tensor,
+    counts: Sequence[int],
+    loss_mask: torch.Tensor,
+    per_turn: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Per-token advantages (S, T): each episode's advantage on its sequences' generated tokens.
 
     Episode ``e`` owns ``counts[e]`` consecutive rows of ``loss_mask``, in episode order.
+    ``per_turn[e]`` (one value per sequence, e.g. :func:`step_advantages` times its weight) is
+    added to the episode's advantage on its turns.
     """
     if len(counts) != len(per_episode) or sum(counts) != loss_mask.shape[0]:
         raise ValueError(
@@ -86,6 +134,13 @@ def sequence_advantages(
             f"{len(counts)} counts and {loss_mask.shape[0]} rows"
         )
     each = per_episode.repeat_interleave(torch.tensor(list(counts), dtype=torch.long))
+    if per_turn is not None:
+        if [len(t) for t in per_turn] != list(counts):
+            raise ValueError(
+                f"per-turn advantages for {[len(t) for t in per_turn]} turns, but the "
+                f"episodes have {list(counts)} sequences"
+            )
+        each = each + torch.cat([t.to(each.dtype) for t in per_turn])
     return each[:, None] * loss_mask.float()
 
 

@@ -54,6 +54,7 @@ from maze_engine.grpo import (
     episode_advantages,
     policy_loss,
     sequence_advantages,
+    step_advantages,
 )
 from maze_engine.metrics import MetricsSink, mirror_metrics
 from maze_engine.workers import (
@@ -534,6 +535,8 @@ class Trainer:
         )
         self.eval_sampling = _eval_sampling(config)
         self.max_turns = config.max_turns
+        self.step_weight = float(config.local.step_advantage_weight)
+        self.step_gamma = float(config.local.step_advantage_gamma)
         self.train_rows, self.val_rows = data.train, data.validation
         self.model_dir = model_dir
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
@@ -777,6 +780,18 @@ class Trainer:
             advantages = compute_advantages(rewards, full.loss_mask, group_ids, self.algo)
         else:
             advantages = episode_advantages(rewards, group_ids, self.algo)
+        per_turn: list[torch.Tensor] | None = None
+        if self.step_weight > 0:
+            per_turn = [
+                self.step_weight * a
+                for a in step_advantages(
+                    [e.reward for e in episodes],
+                    [e.group for e in episodes],
+                    [e.states for e in episodes],
+                    gamma=self.step_gamma,
+                    norm_by_std=self.algo.grpo_norm_by_std,
+                )
+            ]
         mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         metrics: dict[str, float] = {}
         torch.manual_seed(
@@ -797,7 +812,12 @@ class Trainer:
                 adv = advantages[lo : lo + mb_size, : batch.input_ids.shape[1]]
             else:
                 counts = [len(e.sequences) for e in chunk]
-                adv = sequence_advantages(advantages[lo : lo + mb_size], counts, batch.loss_mask)
+                adv = sequence_advantages(
+                    advantages[lo : lo + mb_size],
+                    counts,
+                    batch.loss_mask,
+                    None if per_turn is None else per_turn[lo : lo + mb_size],
+                )
             old = None
             with torch.no_grad():
                 if not single:
