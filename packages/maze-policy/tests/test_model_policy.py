@@ -246,16 +246,16 @@ def test_latest_context_answers_each_turn_from_the_system_prompt_and_its_own_fra
                 prompt = seq.input_ids[: seq.generated_spans()[0][0]]
                 text = str(enc.tokenizer.decode(prompt))
                 assert "Turns left" in text and "Here is a" not in text
-    # Each turn's state is the square it was answered on: the start, then where each reply left
-    # the agent (replayed on the game).
+    # Each turn's state is what it was answered from: the start square, then the square each
+    # reply left the agent on and that reply's outcome (replayed on the game).
     for row, ep in zip(rows, eps, strict=True):
         maze = generate("5x5", int(row["seed"]))
         game = MazeGame.start(maze, step_budget=int(row["step_budget"]))
-        squares = [game.agent]
+        states = ["{},{}".format(*game.agent)]
         for reply in ep.replies[:-1]:
-            game.step(cast(Any, parse_action(reply)))
-            squares.append(game.agent)
-        assert ep.states == [f"{r},{c}" for r, c in squares]
+            outcome = game.step(cast(Any, parse_action(reply))).outcome
+            states.append("{},{}:{}".format(*game.agent, outcome))
+        assert ep.states == states
     # The recorded log-probs are the ones the learner recomputes on the turn sequences.
     batch = tiny_policy.collate([s for e in eps for s in e.sequences])
     with torch.no_grad():

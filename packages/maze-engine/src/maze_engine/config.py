@@ -283,10 +283,10 @@ class LocalConfig:
     step_advantage_weight: float = 0.0
     """With context ``latest``: how much of GiGPO's step-level advantage each turn adds to its
     episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a group
-    answered on the same square are compared by their discounted returns
-    (``maze_engine.grpo.step_advantages``)."""
+    answered from the same state (``Episode.states``: the square, and the feedback on the last
+    move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
     step_advantage_gamma: float = 0.95
-    """The discount of those returns: reaching the goal in fewer turns from a square is worth
+    """The discount of those returns: reaching the goal in fewer turns from a state is worth
     more."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact

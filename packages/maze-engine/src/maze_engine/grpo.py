@@ -89,7 +89,7 @@ def step_advantages(
     (``states[e][t]``) form a step group, and a turn's advantage is its return against that
     group's mean (over its std with ``norm_by_std``). A turn whose state no other turn of the
     group met, or whose step group returned alike, gets 0: only the decisions the group's
-    episodes took differently, from the same square, are told apart.
+    episodes took differently, from the same state, are told apart.
     """
     if not len(rewards) == len(group_ids) == len(states):
         raise ValueError(

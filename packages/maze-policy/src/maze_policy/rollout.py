@@ -71,9 +71,10 @@ class Episode:
     metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     turn_trajectories: list[Trajectory] = field(default_factory=list["Trajectory"])
     states: list[str] = field(default_factory=list[str])
-    """The env state each turn was answered in (the ``agent`` the env reports after ``init``
-    and after every step), one per turn; empty when the env reports none. Turns of a group that
-    met the same state can be compared with each other (step-level advantages)."""
+    """What each turn was answered from (:func:`state_key` of the env's ``init`` info and of
+    every step's metadata: the square, and the last move's outcome), one per turn; empty when
+    the env names no ``agent``. Turns of a group that met the same state can be compared with
+    each other (step-level advantages)."""
 
     @property
     def sequences(self) -> list[Trajectory]:
@@ -82,9 +83,18 @@ class Episode:
 
 
 def state_key(info: Mapping[str, Any]) -> str | None:
-    """A key for the env state in ``info`` (its ``agent`` square), None if it names none."""
+    """A key for what the next turn sees, from the env's ``info``; None if it names no ``agent``.
+
+    The agent's square, and after a step its ``outcome`` (``moved``, ``bumped``, ...): the
+    frame shows the square, the feedback the outcome. The turns left, which the feedback also
+    says, are left out, so turns of a group on the same square compare whatever their timing.
+    """
     agent = info.get("agent")
-    return None if agent is None else ",".join(str(v) for v in cast(Sequence[Any], agent))
+    if agent is None:
+        return None
+    square = ",".join(str(v) for v in cast(Sequence[Any], agent))
+    outcome = info.get("outcome")
+    return square if outcome is None else f"{square}:{outcome}"
 
 
 def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
