@@ -235,7 +235,11 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
         ("local.perception.route_specs=[]", "local.perception.route_specs", "at least one"),
         ("local.perception.route_specs=[4x4]", "local.perception.route_specs", "odd"),
         ("local.step_advantage_weight=-1", "local.step_advantage_weight", "must be >= 0"),
-        ("local.step_advantage_weight=1", "local.step_advantage_weight", "local.context=latest"),
+        (
+            "local.step_advantage_weight=1",
+            "local.step_advantage_weight",
+            "context=latest or recent",
+        ),
         ("local.step_advantage_gamma=0", "local.step_advantage_gamma", "in (0, 1]"),
         ("local.step_advantage_gamma=1.5", "local.step_advantage_gamma", "in (0, 1]"),
     ],

@@ -96,6 +96,19 @@ def test_latest_context_demonstrations_show_each_turn_alone(tiny_policy: Policy)
         assert str(tok.decode(seq.input_ids)).count("You are navigating a maze") == 1
     with pytest.raises(ValueError, match="context must be one of"):
         demonstration_sequences(tiny_policy, maze, context="window")
+    # ``recent``: the same turns with the reply before each later one ahead of its feedback.
+    recent, _ = demonstration_sequences(
+        tiny_policy, maze, context="recent", reply="action", slack=2
+    )
+    assert replies(recent) == replies(turns)
+    assert recent[0].input_ids == turns[0].input_ids
+    said = replies(turns)
+    for t, seq in enumerate(recent[1:], start=1):
+        prompt = str(tok.decode(seq.input_ids[: seq.generated_spans()[0][0]]))
+        assert len(seq.images) == 1
+        assert prompt.count(said[t - 1]) == 1 and prompt.index(said[t - 1]) < prompt.index(
+            "Turns left"
+        )
 
 
 def test_short_sft_lowers_loss_and_raises_action_accuracy(

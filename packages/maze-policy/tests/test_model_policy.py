@@ -265,5 +265,33 @@ def test_latest_context_answers_each_turn_from_the_system_prompt_and_its_own_fra
     # The same seed plays the same episodes; an unknown context is refused.
     again = run_episodes(tiny_policy, rows, sampling=params, seed=4, context="latest")
     assert [e.replies for e in eps] == [e.replies for e in again]
-    with pytest.raises(ValueError, match="context must be one of full, latest"):
+    with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
         run_episodes(tiny_policy, rows, sampling=params, seed=4, context="window")
+
+
+def test_recent_context_puts_the_previous_reply_before_the_feedback(tiny_policy: Policy) -> None:
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.rollout import run_episodes
+
+    rows = build_rows(MazeSpec.parse("5x5"), [1, 2], split="train", slack=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    eps = run_episodes(tiny_policy, rows, sampling=params, seed=5, context="recent")
+    tok = tiny_policy.encoder.tokenizer
+    later = 0
+    for ep in eps:
+        assert len(ep.turn_trajectories) == ep.turns and len(ep.states) == ep.turns
+        for turn, seq in enumerate(ep.turn_trajectories[1:], start=1):
+            assert len(seq.pixel_values) == 1 and len(seq.generated_spans()) == 1
+            prompt = " ".join(str(tok.decode(seq.input_ids[: seq.generated_spans()[0][0]])).split())
+            said = " ".join(ep.replies[turn - 1].split())
+            assert "Turns left" in prompt and "Here is a" not in prompt
+            if said:  # a reply of special tokens only decodes to nothing
+                assert prompt.rindex(said) < prompt.index("Turns left")
+                later += 1
+    assert later > 0
+    batch = tiny_policy.collate([s for e in eps for s in e.sequences])
+    with torch.no_grad():
+        lp = policy_logprobs(tiny_policy, batch, params)
+    mask = batch.loss_mask.bool()
+    assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4

@@ -277,11 +277,13 @@ class LocalConfig:
     perception: PerceptionConfig = field(default_factory=PerceptionConfig)
     context: str = "full"
     """What the policy answers each turn from, in rollouts, the warm start's demonstrations and
-    every evaluation alike: ``full`` (the whole conversation, VisGym's multi-turn format) or
-    ``latest`` (the system prompt and the latest user turn: the current frame and feedback).
-    The cluster path's SkyRL generator keeps the whole conversation, so it is ``full`` there."""
+    every evaluation alike: ``full`` (the whole conversation, VisGym's multi-turn format),
+    ``latest`` (the system prompt and the latest user turn: the current frame and feedback) or
+    ``recent`` (``latest`` with the policy's previous reply before it, so the feedback on a bump
+    says which move bumped). The cluster path's SkyRL generator keeps the whole conversation,
+    so it is ``full`` there."""
     step_advantage_weight: float = 0.0
-    """With context ``latest``: how much of GiGPO's step-level advantage each turn adds to its
+    """With context ``latest`` or ``recent``: how much of GiGPO's step-level advantage each turn adds to its
     episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a group
     answered from the same state (``Episode.states``: the square, and the feedback on the last
     move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
@@ -319,10 +321,10 @@ class LocalConfig:
                 f"must be >= 0, got {show_value(self.step_advantage_weight)}",
                 key=f"{LOCAL_KEY}.step_advantage_weight",
             )
-        if self.step_advantage_weight > 0 and self.context != "latest":
+        if self.step_advantage_weight > 0 and self.context == "full":
             raise ConfigError(
                 "step-level advantages compare turns played as their own sequences: "
-                f"set {LOCAL_KEY}.context=latest",
+                f"set {LOCAL_KEY}.context=latest or recent",
                 key=f"{LOCAL_KEY}.step_advantage_weight",
             )
         if not 0 < self.step_advantage_gamma <= 1:

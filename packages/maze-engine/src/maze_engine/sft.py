@@ -81,16 +81,17 @@ def demonstration_sequences(
     """:func:`demonstration` in a rollout ``context``: the sequences a policy would answer in.
 
     ``full``: the one conversation. ``latest``: one sequence per turn, the system prompt and
-    that turn's user message (its frame and feedback) then the reply, as
-    :func:`maze_policy.rollout.run_episodes` shows a policy each turn in that context.
+    that turn's user message (its frame and feedback) then the reply; ``recent``: the same with
+    the previous reply before the user message; as :func:`maze_policy.rollout.run_episodes`
+    shows a policy each turn in that context.
     """
     from maze_env import DEFAULT_SLACK, MazeGame
     from maze_env.agents import ExplorerAgent
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
-    from maze_policy.rollout import check_context, latest_turn
+    from maze_policy.rollout import PER_TURN_CONTEXTS, check_context, latest_turn
 
-    latest = check_context(context) == "latest"
+    per_turn = check_context(context) in PER_TURN_CONTEXTS
     if demonstrator not in DEMONSTRATORS:
         raise ValueError(f"demonstrator must be one of {DEMONSTRATORS}, got {demonstrator!r}")
     if reply not in REPLY_FORMATS:
@@ -113,8 +114,8 @@ def demonstration_sequences(
         if game.done:
             break
         message = feedback_message(result, game.agent, game.steps_left, renderer)
-        if latest:
-            traj = enc.start(latest_turn(opening, [message]))
+        if per_turn:
+            traj = enc.start(latest_turn(opening, [message], text if context == "recent" else None))
             sequences.append(traj)
         else:
             enc.add_user(traj, message)

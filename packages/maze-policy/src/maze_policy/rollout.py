@@ -8,11 +8,12 @@ to that episode's token sequence with loss mask 0. The sampled tokens keep mask 
 sampling-time log-probs.
 
 The ``context`` an episode's turns are answered in is one of :data:`CONTEXTS`: ``full`` (the
-whole conversation so far, VisGym's and SkyRL's multi-turn format) or ``latest`` (the system
-prompt and the latest user turn only: the current frame and the env's feedback). With
-``latest`` each turn is its own token sequence, prompt and reply, kept in
-``Episode.turn_trajectories``; a policy that reads one frame at a time never meets the long
-multi-image contexts a small model loses track in.
+whole conversation so far, VisGym's and SkyRL's multi-turn format), ``latest`` (the system
+prompt and the latest user turn only: the current frame and the env's feedback) or ``recent``
+(``latest`` with the policy's previous reply before the user turn, so feedback such as a bump
+says which move it was about). With ``latest`` and ``recent`` each turn is its own token
+sequence, prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame
+at a time never meets the long multi-image contexts a small model loses track in.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ if TYPE_CHECKING:  # the episode loop itself needs no torch: endpoint evaluation
     from maze_policy.policy import Policy
 
 
-CONTEXTS = ("full", "latest")
-"""What each turn is answered from: the whole conversation, or the system prompt and the latest
-user turn (see the module docstring)."""
+CONTEXTS = ("full", "latest", "recent")
+"""What each turn is answered from: the whole conversation; the system prompt and the latest
+user turn; or those with the previous reply between them (see the module docstring)."""
+
+PER_TURN_CONTEXTS = ("latest", "recent")
+"""The contexts that play each turn as its own token sequence."""
 
 
 def check_context(context: str) -> str:
@@ -43,13 +47,17 @@ def check_context(context: str) -> str:
 
 
 def latest_turn(
-    opening: Sequence[Mapping[str, Any]], observations: Sequence[Mapping[str, Any]]
+    opening: Sequence[Mapping[str, Any]],
+    observations: Sequence[Mapping[str, Any]],
+    previous_reply: str | None = None,
 ) -> list[Mapping[str, Any]]:
-    """What a later turn is answered from in context ``latest``.
+    """What a later turn is answered from in context ``latest`` (or ``recent``).
 
-    The opening's system prompt, then that turn's user messages (the frame and the feedback).
+    The opening's system prompt, then (``recent``) the ``previous_reply`` as the assistant's
+    message, then that turn's user messages (the frame and the feedback).
     """
-    return [*(m for m in opening if m.get("role") == "system"), *observations]
+    previous = [] if previous_reply is None else [{"role": "assistant", "content": previous_reply}]
+    return [*(m for m in opening if m.get("role") == "system"), *previous, *observations]
 
 
 @dataclass
@@ -152,11 +160,12 @@ def run_episodes(
     ``inline_images: false``. With ``keep_cache`` the episodes keep their key/value cache from
     turn to turn (:class:`~maze_policy.incremental.IncrementalGenerator`), so a turn reads only
     its new tokens; without it every turn re-reads the whole conversation (``Policy.generate``).
-    ``context`` is ``full`` or ``latest`` (:data:`CONTEXTS`).
+    ``context`` is one of :data:`CONTEXTS`.
     """
     from maze_policy.chat import Trajectory
 
-    latest = check_context(context) == "latest"
+    per_turn = check_context(context) in PER_TURN_CONTEXTS
+    recent = context == "recent"
     tok = policy.processor.tokenizer
     config = {"inline_images": True, **(env_config or {})}
     envs = [make_env(row, config) for row in rows]
@@ -179,7 +188,7 @@ def run_episodes(
             Episode(
                 row_index=row_indices[i] if row_indices is not None else i,
                 group=groups[i] if groups is not None else i,
-                trajectory=Trajectory() if latest else traj,
+                trajectory=Trajectory() if per_turn else traj,
             )
         )
     generate = policy.generate
@@ -195,7 +204,7 @@ def run_episodes(
         for i, gen in zip(active, gens, strict=True):
             ep = episodes[i]
             policy.encoder.add_assistant(current[i], gen.token_ids, gen.logprobs)
-            if latest:
+            if per_turn:
                 ep.turn_trajectories.append(current[i])
             text = str(tok.decode(gen.token_ids, skip_special_tokens=True))
             ep.replies.append(text)
@@ -212,8 +221,10 @@ def run_episodes(
                 envs[i].close()
                 continue
             observations = cast(Sequence[Mapping[str, Any]], out["observations"])
-            if latest:
-                current[i] = policy.encoder.start(latest_turn(openings[i], observations))
+            if per_turn:
+                current[i] = policy.encoder.start(
+                    latest_turn(openings[i], observations, text if recent else None)
+                )
             else:
                 for message in observations:
                     policy.encoder.add_user(current[i], message)
