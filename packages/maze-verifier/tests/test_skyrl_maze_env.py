@@ -105,7 +105,6 @@ def test_optimal_episode_rewards_one_at_the_end() -> None:
     assert obs == prompt
     assert info["optimal_moves"] == maze.optimal_moves
     assert info["maze_hash"] == maze.content_hash()
-    assert info["agent"] == list(maze.start)  # where the first turn is answered from
     rewards: list[float] = []
     for d in maze.optimal_actions:
         out = env.step(f"<action>{d.word}</action>")

@@ -311,7 +311,6 @@ class MazeTextEnv(BaseTextEnv):
             "max_turns": self.max_turns,
             "reward_spec": self.reward_spec.name,
             "mode": self.config.mode,
-            "agent": list(self.game.agent),
         }
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
