@@ -221,7 +221,7 @@ def test_latest_context_answers_each_turn_from_the_system_prompt_and_its_own_fra
 
     from maze_env import MazeSpec
     from maze_env.export import build_rows
-    from maze_policy.rollout import run_episodes
+    from maze_policy.rollout import OPENING_STATE, run_episodes
 
     rows = build_rows(MazeSpec.parse("5x5"), [1, 2, 3], split="train", slack=0)
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
@@ -246,12 +246,12 @@ def test_latest_context_answers_each_turn_from_the_system_prompt_and_its_own_fra
                 prompt = seq.input_ids[: seq.generated_spans()[0][0]]
                 text = str(enc.tokenizer.decode(prompt))
                 assert "Turns left" in text and "Here is a" not in text
-    # Each turn's state is what it was answered from: the start square, then the square each
-    # reply left the agent on and that reply's outcome (replayed on the game).
+    # Each turn's state is what it was answered from: the opening, then the square each reply
+    # left the agent on and that reply's outcome (replayed on the game).
     for row, ep in zip(rows, eps, strict=True):
         maze = generate("5x5", int(row["seed"]))
         game = MazeGame.start(maze, step_budget=int(row["step_budget"]))
-        states = ["{},{}".format(*game.agent)]
+        states = [OPENING_STATE]
         for reply in ep.replies[:-1]:
             outcome = game.step(cast(Any, parse_action(reply))).outcome
             states.append("{},{}:{}".format(*game.agent, outcome))

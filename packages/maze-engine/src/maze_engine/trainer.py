@@ -48,6 +48,7 @@ from maze_engine.data import (
     validation_rows,
 )
 from maze_engine.decisions import EVALS_DIR, write_decisions_report, write_eval_records
+from maze_engine.errors import ConfigError
 from maze_engine.faults import fault
 from maze_engine.grpo import (
     compute_advantages,
@@ -782,6 +783,12 @@ class Trainer:
             advantages = episode_advantages(rewards, group_ids, self.algo)
         per_turn: list[torch.Tensor] | None = None
         if self.step_weight > 0:
+            if any(len(e.states) != e.turns for e in episodes):
+                raise ConfigError(
+                    "needs each turn's state, and the env's steps name no agent square "
+                    "(maze_policy.rollout.state_key): set it to 0 for this env",
+                    key="local.step_advantage_weight",
+                )
             per_turn = [
                 self.step_weight * a
                 for a in step_advantages(

@@ -79,10 +79,10 @@ class Episode:
     metadata: dict[str, Any] = field(default_factory=dict[str, Any])
     turn_trajectories: list[Trajectory] = field(default_factory=list["Trajectory"])
     states: list[str] = field(default_factory=list[str])
-    """What each turn was answered from (:func:`state_key` of the env's ``init`` info and of
-    every step's metadata: the square, and the last move's outcome), one per turn; empty when
-    the env names no ``agent``. Turns of a group that met the same state can be compared with
-    each other (step-level advantages)."""
+    """What each turn was answered from, one per turn: :data:`OPENING_STATE` for the first (the
+    row's prompt), then :func:`state_key` of the step before (the square, and that move's
+    outcome). Empty when the env's step metadata names no ``agent``. Turns of a group that met
+    the same state can be compared with each other (step-level advantages)."""
 
     @property
     def sequences(self) -> list[Trajectory]:
@@ -90,19 +90,23 @@ class Episode:
         return self.turn_trajectories or [self.trajectory]
 
 
-def state_key(info: Mapping[str, Any]) -> str | None:
-    """A key for what the next turn sees, from the env's ``info``; None if it names no ``agent``.
+OPENING_STATE = "opening"
+"""The state of an episode's first turn: every episode of a GRPO group opens on the same prompt."""
 
-    The agent's square, and after a step its ``outcome`` (``moved``, ``bumped``, ...): the
-    frame shows the square, the feedback the outcome. The turns left, which the feedback also
-    says, are left out, so turns of a group on the same square compare whatever their timing.
+
+def state_key(metadata: Mapping[str, Any]) -> str | None:
+    """A key for what the turn after a step sees, from the step's ``metadata``.
+
+    The agent's square and the step's ``outcome`` (``moved``, ``bumped``, ...): the frame shows
+    the square, the feedback the outcome. The turns left, which the feedback also says, are
+    left out, so turns of a group on the same square compare whatever their timing. None when
+    the metadata names no ``agent``.
     """
-    agent = info.get("agent")
+    agent = metadata.get("agent")
     if agent is None:
         return None
     square = ",".join(str(v) for v in cast(Sequence[Any], agent))
-    outcome = info.get("outcome")
-    return square if outcome is None else f"{square}:{outcome}"
+    return f"{square}:{metadata.get('outcome')}"
 
 
 def env_extras(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,16 +178,12 @@ def run_episodes(
     current: list[Trajectory] = []
     openings: list[Sequence[Mapping[str, Any]]] = []
     # The state each episode's next turn is answered in, while its env reports one.
-    state: list[str | None] = []
+    state: list[str | None] = [OPENING_STATE] * len(rows)
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
-        prompt, info = cast(
-            tuple[Sequence[Mapping[str, Any]], Mapping[str, Any]],
-            env.init(drop_nulls(row["prompt"])),
-        )
+        prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
         traj = policy.encoder.start(prompt)
         current.append(traj)
         openings.append(prompt)
-        state.append(state_key(info))
         episodes.append(
             Episode(
                 row_index=row_indices[i] if row_indices is not None else i,
@@ -208,7 +208,7 @@ def run_episodes(
                 ep.turn_trajectories.append(current[i])
             text = str(tok.decode(gen.token_ids, skip_special_tokens=True))
             ep.replies.append(text)
-            if state[i] is not None and len(ep.states) == ep.turns:
+            if state[i] is not None:
                 ep.states.append(cast(str, state[i]))
             out = cast(Mapping[str, Any], envs[i].step(text))
             state[i] = state_key(cast(Mapping[str, Any], out.get("metadata") or {}))
@@ -218,6 +218,8 @@ def run_episodes(
                 ep.reward = float(out["reward"])
                 ep.metadata = dict(cast(Mapping[str, Any], envs[i].get_metrics()))
                 ep.solved = bool(ep.metadata.get("solved", False))
+                if len(ep.states) != ep.turns:  # a step named no agent: no states at all
+                    ep.states = []
                 envs[i].close()
                 continue
             observations = cast(Sequence[Mapping[str, Any]], out["observations"])
