@@ -283,10 +283,10 @@ class LocalConfig:
     says which move bumped). The cluster path's SkyRL generator keeps the whole conversation,
     so it is ``full`` there."""
     step_advantage_weight: float = 0.0
-    """With context ``latest`` or ``recent``: how much of GiGPO's step-level advantage each turn adds to its
-    episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a group
-    answered from the same state (``Episode.states``: the square, and the feedback on the last
-    move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
+    """With context ``latest`` or ``recent``: how much of GiGPO's step-level advantage each turn
+    adds to its episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a
+    group answered from the same state (``Episode.states``: the square, and the feedback on the
+    last move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
     step_advantage_gamma: float = 0.95
     """The discount of those returns: reaching the goal in fewer turns from a state is worth
     more."""
