@@ -120,3 +120,49 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
     final = load_file(str(result.final_adapter / "adapter_model.safetensors"))
     assert first.keys() == final.keys()
     assert any(not torch.equal(first[k], final[k]) for k in first)
+
+
+def test_step_advantages_refuse_episodes_without_states(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env whose steps name no agent square leaves ``Episode.states`` empty: the run stops
+    naming the key instead of comparing turns it cannot place."""
+    from maze_engine.config import load_config
+    from maze_engine.errors import ConfigError
+    from maze_engine.trainer import train
+    from maze_policy.rollout import Episode
+
+    run = Rollouts.run
+
+    def stateless(self: Rollouts, *args: Any, **kwargs: Any) -> list[Episode]:
+        episodes = run(self, *args, **kwargs)
+        for ep in episodes:
+            ep.states = []
+        return episodes
+
+    monkeypatch.setattr(Rollouts, "run", stateless)
+    config = load_config(
+        "smoke_5x5",
+        [
+            f"trainer.export_path={tmp_path / 'run'}",
+            "local.warm_start.steps=0",
+            "trainer.max_training_steps=1",
+            "trainer.train_batch_size=1",
+            "trainer.policy_mini_batch_size=1",
+            "trainer.micro_train_batch_size_per_gpu=2",
+            "trainer.micro_forward_batch_size_per_gpu=2",
+            "generator.n_samples_per_prompt=2",
+            "generator.sampling_params.max_generate_length=8",
+            "generator.max_turns=5",
+            "trainer.eval_interval=0",
+            "trainer.eval_before_train=false",
+            "local.rollout_workers=0",
+            "local.context=latest",
+            "local.step_advantage_weight=1.0",
+            "mazes.train_size=4",
+            "local.progress=false",
+            "local.tensorboard=false",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"local\.step_advantage_weight: needs each turn's state"):
+        train(config, say=lambda _m: None)
