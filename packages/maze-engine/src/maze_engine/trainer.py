@@ -152,7 +152,12 @@ class Rollouts:
     """Shards episodes over workers (Ray actors, or one in-process worker per shard)."""
 
     def __init__(
-        self, model_dir: Path, lora_cfg: LoraConfig, local: LocalConfig, sync_root: Path
+        self,
+        model_dir: Path,
+        lora_cfg: LoraConfig,
+        local: LocalConfig,
+        sync_root: Path,
+        say: Callable[[str], None] = print,
     ) -> None:
         self.shards = max(1, local.rollout_workers)
         self.ray = local.rollout_workers > 0
@@ -162,7 +167,7 @@ class Rollouts:
         args = (model, lora_cfg, local.torch_threads, str(sync_root.resolve()))
         if self.ray:
             init_ray()
-            self.workers: list[Any] = start_ray_workers(self.shards, args, local.ray)
+            self.workers: list[Any] = start_ray_workers(self.shards, args, local.ray, say=say)
         else:
             self.workers = [RolloutWorker(*args)]
 
@@ -587,7 +592,7 @@ class Trainer:
         self.mirror: BackgroundMirror | None = None
         if local.ckpt_s3_uri:
             self.mirror = BackgroundMirror(local.ckpt_s3_uri, log=say)
-        self.rollouts = Rollouts(self.model_dir, self.lora_cfg, local, self.sync_root)
+        self.rollouts = Rollouts(self.model_dir, self.lora_cfg, local, self.sync_root, say)
 
     # ----- state --------------------------------------------------------------------------
     def lora_state(self) -> dict[str, torch.Tensor]:

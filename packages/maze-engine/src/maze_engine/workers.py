@@ -8,12 +8,14 @@ As Ray actors (:func:`start_ray_workers`) they run on the nodes that offer
 ``local.ray.worker_resources``; :func:`gather` collects their results and turns a worker lost
 with its node into one :class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray
 fails its call. Workers that no node can take fail the run after ``local.ray.start_timeout_s``
-instead of leaving it pending forever.
+instead of leaving it pending forever; a worker lost while starting (placed on a node that had
+just died) is replaced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -160,27 +162,75 @@ def gather(futures: Sequence[Any], *, doing: str, timeout: float | None = None) 
         ) from exc
 
 
-def start_ray_workers(count: int, args: tuple[Any, ...], settings: LocalRayConfig) -> list[Any]:
+START_REPLACEMENTS = 3
+"""How many times one rollout worker that died while starting (its process or node lost, not
+its model failing to load) is replaced before the run fails."""
+
+
+def start_ray_workers(
+    count: int,
+    args: tuple[Any, ...],
+    settings: LocalRayConfig,
+    *,
+    say: Callable[[str], None] = print,
+) -> list[Any]:
     """``count`` :class:`RolloutWorker` Ray actors, each on a node with the resources asked for.
 
     Each takes one CPU plus ``settings.worker_resources``. Returns once every worker has loaded
     its model, so a cluster where no node offers those resources fails here within
     ``settings.start_timeout_s``, naming them, instead of leaving the run pending forever.
 
+    A node that was lost a moment ago still takes placements until the head marks it dead (it
+    misses health checks first): a job retried at once after a node loss, as KubeRay's RayJob
+    retries, can have its workers placed there. A worker that dies while starting for such a
+    reason is replaced (:data:`START_REPLACEMENTS` times at most, within the timeout) and the
+    replacement goes where Ray places it then; one whose model failed to load is not.
+
+    Args:
+        count: Workers to start.
+        args: :class:`RolloutWorker`'s arguments.
+        settings: ``local.ray``.
+        say: Where a replacement is reported.
+
     Raises:
-        RolloutWorkerError: The workers did not all start in time, or one died starting.
+        RolloutWorkerError: The workers did not all start in time, one failed to load its
+            model, or one died starting more than :data:`START_REPLACEMENTS` times.
     """
     import ray
+    from ray.exceptions import RayActorError
 
     resources = dict(settings.worker_resources)
     actor = ray.remote(RolloutWorker).options(num_cpus=1, resources=resources or None)
+    timeout = settings.start_timeout_s
+    deadline = None if timeout is None else time.monotonic() + timeout
     workers: list[Any] = [actor.remote(*args) for _ in range(count)]
+    pending = {w.node_id.remote(): i for i, w in enumerate(workers)}
+    replaced = [0] * count
     try:
-        gather(
-            [w.node_id.remote() for w in workers],
-            doing="starting",
-            timeout=settings.start_timeout_s,
-        )
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = cast(
+                tuple[list[Any], list[Any]],
+                ray.wait(list(pending), num_returns=1, timeout=left),
+            )
+            if not ready:
+                raise RolloutWorkerError(
+                    f"{len(pending)} of {count} calls (starting) unfinished after {timeout:g} s"
+                )
+            i = pending.pop(ready[0])
+            try:
+                gather(ready, doing="starting")
+            except RolloutWorkerError as exc:
+                cause = exc.__cause__
+                if (isinstance(cause, RayActorError) and cause.actor_init_failed) or replaced[
+                    i
+                ] == START_REPLACEMENTS:
+                    raise
+                replaced[i] += 1
+                say(f"{exc}; starting a replacement ({replaced[i]} of {START_REPLACEMENTS})")
+                ray.kill(workers[i])
+                workers[i] = actor.remote(*args)
+                pending[workers[i].node_id.remote()] = i
     except RolloutWorkerError as exc:
         for w in workers:
             ray.kill(w)
