@@ -121,7 +121,7 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise DrillError(f"the job did not end within {timeout:g} s; see {self.out}") from None
+            raise DrillError(f"the job did not end within {timeout:g} s{_tails(self)}") from None
 
     @property
     def stdout(self) -> str:
@@ -213,13 +213,23 @@ def rollout_worker_nodes(cluster: raynodes.JobCluster) -> list[str]:
     return sorted(str(a.node_id) for a in actors)
 
 
+def _tails(job: Job, chars: int = 3000) -> str:
+    """The ends of the job's stdout and stderr: a failed drill says why where it is reported."""
+    return (
+        f"\n--- {job.out} (end) ---\n{job.stdout[-chars:]}\n--- {job.err} (end) ---\n"
+        + (job.stderr[-chars:])
+    )
+
+
 def _wait_for(what: str, done: Any, job: Job, timeout: float = JOB_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         if job.proc.poll() is not None:
-            raise DrillError(f"the job ended (exit {job.proc.returncode}) before {what}: {job.out}")
+            raise DrillError(
+                f"the job ended (exit {job.proc.returncode}) before {what}{_tails(job)}"
+            )
         if time.monotonic() > deadline:
-            raise DrillError(f"no {what} within {timeout:g} s; see {job.out}")
+            raise DrillError(f"no {what} within {timeout:g} s{_tails(job)}")
         time.sleep(0.2)
 
 
@@ -236,7 +246,7 @@ def finish_reference(job: Job, run: Path, steps: int = STEPS) -> Reference:
     """Wait for the uninterrupted run; its adapter is what every drill must end with."""
     code = job.wait(JOB_TIMEOUT_S)
     if code != 0 or steps_logged(run) != list(range(1, steps + 1)):
-        raise DrillError(f"the uninterrupted run failed (exit {code}): {job.stdout[-2000:]}")
+        raise DrillError(f"the uninterrupted run failed (exit {code}){_tails(job)}")
     return Reference(job.seconds, adapter_digest(run))
 
 
@@ -354,7 +364,7 @@ def drill(
         _wait_for(f"step {kill_step} again", lambda: kill_step in steps_logged(run, offset), retry)
     recover_s = time.monotonic() - killed
     if retry.wait(JOB_TIMEOUT_S) != 0:
-        raise DrillError(f"the resubmitted job failed: {retry.stdout[-2000:]}")
+        raise DrillError(f"the resubmitted job failed{_tails(retry)}")
     lost = [ln for ln in first.stdout.splitlines() if "rollout worker was lost" in ln]
     failure = Failure(
         kill_step=kill_step,
