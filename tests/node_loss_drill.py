@@ -215,10 +215,8 @@ def rollout_worker_nodes(cluster: raynodes.JobCluster) -> list[str]:
 
 def _tails(job: Job, chars: int = 3000) -> str:
     """The ends of the job's stdout and stderr: a failed drill says why where it is reported."""
-    return (
-        f"\n--- {job.out} (end) ---\n{job.stdout[-chars:]}\n--- {job.err} (end) ---\n"
-        + (job.stderr[-chars:])
-    )
+    out, err = job.stdout[-chars:], job.stderr[-chars:]
+    return f"\n--- {job.out} (end) ---\n{out}\n--- {job.err} (end) ---\n{err}"
 
 
 def _wait_for(what: str, done: Any, job: Job, timeout: float = JOB_TIMEOUT_S) -> None:

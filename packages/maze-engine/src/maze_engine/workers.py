@@ -222,9 +222,8 @@ def start_ray_workers(
                 gather(ready, doing="starting")
             except RolloutWorkerError as exc:
                 cause = exc.__cause__
-                if (isinstance(cause, RayActorError) and cause.actor_init_failed) or replaced[
-                    i
-                ] == START_REPLACEMENTS:
+                load_failed = isinstance(cause, RayActorError) and cause.actor_init_failed
+                if load_failed or replaced[i] == START_REPLACEMENTS:
                     raise
                 replaced[i] += 1
                 say(f"{exc}; starting a replacement ({replaced[i]} of {START_REPLACEMENTS})")
