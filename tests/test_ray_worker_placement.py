@@ -25,20 +25,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 RESOURCE = "mazerl_rollout"
 
 
-@pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Generator[raynodes.JobCluster]:
-    """A head with no rollout resource and worker node ``w0`` with one; this process joins."""
+@pytest.fixture(scope="module")
+def cluster() -> Generator[raynodes.JobCluster]:
+    """A head with no rollout resource and worker node ``w0`` with one; this process joins.
+
+    Shared by both tests (a cluster takes ~30 s to start): the load failure needs any node with
+    the resource free, the replacement test needs ``w0`` alive; it kills ``w0`` itself and its
+    worker at the end, so the other test can run after it as well as before.
+    """
     import ray
 
-    for k, v in raynodes.RAY_ENV.items():
-        monkeypatch.setenv(k, v)
-    with raynodes.job_cluster(head_cpus=1) as c:
-        c.add_worker("w0", {RESOURCE: 1}, num_cpus=1)
-        ray.init(address=f"{raynodes.NODE_IP}:{c.gcs_port}", log_to_driver=False)
-        try:
-            yield c
-        finally:
-            ray.shutdown()
+    with pytest.MonkeyPatch.context() as env:
+        for k, v in raynodes.RAY_ENV.items():
+            env.setenv(k, v)
+        with raynodes.job_cluster(head_cpus=1) as c:
+            c.add_worker("w0", {RESOURCE: 1}, num_cpus=1)
+            ray.init(address=f"{raynodes.NODE_IP}:{c.gcs_port}", log_to_driver=False)
+            try:
+                yield c
+            finally:
+                ray.shutdown()
 
 
 def _args(tmp_path: Path, model: Path) -> tuple[Any, ...]:
@@ -46,6 +52,21 @@ def _args(tmp_path: Path, model: Path) -> tuple[Any, ...]:
 
     lora = lora_config(rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
     return (str(model), lora, 1, str(tmp_path / "sync"))
+
+
+def test_a_worker_whose_model_fails_to_load_is_not_replaced(
+    cluster: raynodes.JobCluster, tmp_path: Path
+) -> None:
+    from maze_engine.config import LocalRayConfig
+    from maze_engine.errors import RolloutWorkerError
+    from maze_engine.workers import start_ray_workers
+
+    said: list[str] = []
+    settings = LocalRayConfig(worker_resources={RESOURCE: 1}, start_timeout_s=240)
+    with pytest.raises(RolloutWorkerError, match="rollout workers did not start") as info:
+        start_ray_workers(1, _args(tmp_path, tmp_path / "no-model"), settings, say=said.append)
+    assert said == []
+    assert "ActorDiedError" in str(info.value)
 
 
 def test_a_worker_placed_on_a_just_lost_node_is_replaced_on_its_successor(
@@ -81,18 +102,4 @@ def test_a_worker_placed_on_a_just_lost_node_is_replaced_on_its_successor(
     assert len(said) == 1, said
     assert said[0].startswith("a rollout worker was lost while starting"), said
     assert said[0].endswith("starting a replacement (1 of 3)"), said
-
-
-def test_a_worker_whose_model_fails_to_load_is_not_replaced(
-    cluster: raynodes.JobCluster, tmp_path: Path
-) -> None:
-    from maze_engine.config import LocalRayConfig
-    from maze_engine.errors import RolloutWorkerError
-    from maze_engine.workers import start_ray_workers
-
-    said: list[str] = []
-    settings = LocalRayConfig(worker_resources={RESOURCE: 1}, start_timeout_s=240)
-    with pytest.raises(RolloutWorkerError, match="rollout workers did not start") as info:
-        start_ray_workers(1, _args(tmp_path, tmp_path / "no-model"), settings, say=said.append)
-    assert said == []
-    assert "ActorDiedError" in str(info.value)
+    ray.kill(worker)
