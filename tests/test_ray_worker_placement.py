@@ -99,7 +99,8 @@ def test_a_worker_placed_on_a_just_lost_node_is_replaced_on_its_successor(
     (worker,) = started[0]
     successor = cluster.wait_worker("w1")
     assert ray.get(worker.node_id.remote()) == successor != lost
-    assert len(said) == 1, said
-    assert said[0].startswith("a rollout worker was lost while starting"), said
+    # Once as a rule (the worker dies when the head marks the node dead); a loaded machine may
+    # place a replacement there too before that.
+    assert said and all(s.startswith("a rollout worker was lost while starting") for s in said)
     assert said[0].endswith("starting a replacement (1 of 3)"), said
     ray.kill(worker)
