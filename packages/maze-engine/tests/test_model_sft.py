@@ -224,6 +224,47 @@ def test_run_sft_tracks_first_moves_every_track_every_steps_and_after_the_last(
     assert off.first_moves == [] and len(calls) == 3
 
 
+def test_route_rehearsal_trains_route_questions_beside_unchanged_demonstrations(
+    tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_engine import sft
+    from maze_engine.errors import ConfigError
+    from maze_engine.perception import ROUTE_PROMPT
+
+    seen: list[list[Trajectory]] = []
+    step = sft.supervised_step
+
+    def spy(policy: Policy, trajectories: list[Trajectory], *args: object, **kw: object) -> object:
+        seen.append(list(trajectories))
+        return step(policy, trajectories, *args, **kw)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(sft, "supervised_step", spy)
+    tok = tiny_policy.processor.tokenizer
+
+    def asks_the_way(traj: Trajectory) -> bool:
+        return ROUTE_PROMPT in tok.decode(traj.input_ids)
+
+    def run(rehearsal: int) -> list[list[Trajectory]]:
+        seen.clear()
+        cfg = WarmStartConfig(steps=2, batch_size=1, warmup_steps=1, route_rehearsal=rehearsal)
+        run_sft(tiny_policy, cfg, spec="5x5", seed=0, cell_px=32, context="latest")
+        return [list(batch) for batch in seen]
+
+    plain, rehearsed = run(0), run(3)
+    assert len(plain) == len(rehearsed) == 2
+    for demos, batch in zip(plain, rehearsed, strict=True):
+        assert not any(asks_the_way(t) for t in demos)
+        # The demonstrations are the same mazes with or without rehearsal, then 3 route questions.
+        assert [t.input_ids for t in batch[: len(demos)]] == [t.input_ids for t in demos]
+        extra = batch[len(demos) :]
+        assert len(extra) == 3 and all(asks_the_way(t) for t in extra)
+        assert all(t.num_generated > 0 for t in extra)
+    # Fresh mazes every step: the two steps' questions differ.
+    assert [t.input_ids for t in rehearsed[0][-3:]] != [t.input_ids for t in rehearsed[1][-3:]]
+    with pytest.raises(ConfigError, match="route_rehearsal"):
+        WarmStartConfig(route_rehearsal=-1).validate()
+
+
 def test_decision_weight_counts_the_justification_and_action_tokens_that_many_times(
     tiny_policy: Policy,
 ) -> None:

@@ -16,7 +16,7 @@ from maze_engine.errors import ConfigError
 from maze_engine.perception import (
     _char_ids,  # pyright: ignore[reportPrivateUsage]
     _draw,  # pyright: ignore[reportPrivateUsage]
-    _draw_route,  # pyright: ignore[reportPrivateUsage]
+    draw_route,
     held_out_layouts,
     reading_accuracy,
     route_accuracy,
@@ -152,7 +152,7 @@ def test_pretraining_never_draws_a_held_out_layout() -> None:
     for _ in range(40):
         maze, agent = _draw(cfg, rng, seeds, banned)
         assert maze.layout_hash() not in banned and maze.is_open(agent)
-        frames = _draw_route(rng, "7x7", seeds, banned, 4)
+        frames = draw_route(rng, "7x7", seeds, banned, 4)
         assert 1 <= len(frames) <= 4 and len({f.layout_hash() for f in frames}) == 1
         for f in frames:
             assert f.layout_hash() not in banned and f.start != f.goal == frames[0].goal

@@ -130,6 +130,11 @@ class WarmStartConfig:
     reply: str = "visgym"
     """How the demonstrated replies read: ``visgym`` (VisGym's SFT format) or ``action`` (the
     action tag alone)."""
+    route_rehearsal: int = 0
+    """Route-question examples (the route base's pretraining task,
+    :func:`maze_engine.perception.route_example`) trained beside each step's demonstrations, on
+    fresh training-size mazes: the warm start then carries the base's route skill over to the
+    task's prompt instead of overwriting it. 0 = none."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad ``local.warm_start.*`` key."""
@@ -143,7 +148,7 @@ class WarmStartConfig:
                     f"{show_value(value)} is not known", key=f"{where}.{key}", allowed=allowed
                 )
         _at_least(self, where, steps=0, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
-        _at_least(self, where, track_every=0)
+        _at_least(self, where, track_every=0, route_rehearsal=0)
         _at_least(self, where, max_new_tokens=1)
         if self.lr <= 0:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")

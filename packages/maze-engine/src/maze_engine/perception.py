@@ -134,7 +134,7 @@ def _draw(
     return maze, agent
 
 
-def _draw_route(
+def draw_route(
     rng: random.Random, spec: str, seeds: Iterator[int], banned: set[str], frames: int
 ) -> list[Maze]:
     """Frames of one fresh maze to ask the way on: ``Maze`` copies whose start is the agent.
@@ -425,7 +425,7 @@ def run_perception(
             # random stream (and so its artifact) stays what it was.
             if cfg.route_share and rng.random() < cfg.route_share:
                 spec = rng.choice(cfg.route_specs)
-                frames = _draw_route(rng, spec, seeds, banned, cfg.route_frames)
+                frames = draw_route(rng, spec, seeds, banned, cfg.route_frames)
                 trajs.append(route_example(policy, frames, cell_px=cfg.cell_px))
             else:
                 m, a = _draw(cfg, rng, seeds, banned)

@@ -29,6 +29,7 @@ from maze_engine.errors import MazeEngineError
 from maze_policy.chat import Trajectory
 from maze_policy.policy import Policy, sequence_logprobs
 from maze_policy.sampling import SamplingParams
+from maze_policy.seeds import derive_seed
 
 
 def _style(cell_px: int) -> Any:
@@ -170,7 +171,6 @@ def evaluate_policy(
     from maze_env import DEFAULT_SLACK, MazeSpec
     from maze_env.export import build_rows
     from maze_policy.rollout import run_episodes
-    from maze_policy.seeds import derive_seed
 
     params = params or SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
     rows = build_rows(
@@ -307,6 +307,34 @@ def _lr_lambda(cfg: WarmStartConfig) -> Any:
     return f
 
 
+def _route_rehearsal(
+    policy: Policy, count: int, *, spec: str, seed: int, cell_px: int, avoid: Collection[str]
+) -> Callable[[], list[Trajectory]]:
+    """A source of ``count`` route-question examples per call (none when ``count`` is 0).
+
+    Without them a full fine-tune on the task's prompt overwrites the route skill the base was
+    pretrained for instead of reusing it (docs/experiments: route rehearsal).
+    """
+    import itertools
+
+    from maze_engine.perception import draw_route, held_out_layouts, route_example
+
+    if not count:
+        return lambda: []
+    rng = random.Random(derive_seed(seed, "route-rehearsal"))
+    # Its own maze stream: the demonstrations' seeds stay what they are without rehearsal.
+    seeds = itertools.count(rng.randrange(2**40, 2**41))
+    banned = {*avoid, *held_out_layouts()}
+
+    def draw() -> list[Trajectory]:
+        return [
+            route_example(policy, draw_route(rng, spec, seeds, banned, 1), cell_px=cell_px)
+            for _ in range(count)
+        ]
+
+    return draw
+
+
 def run_sft(
     policy: Policy,
     config: WarmStartConfig,
@@ -334,7 +362,8 @@ def run_sft(
     Training mazes are seeded from maze-env's ``TRAIN_SEED_OFFSET`` on, so they never meet the
     eval sets' small seeds; ``out_dir`` saves the merged model there. ``context`` is the
     rollouts' (:func:`demonstration_sequences`); a step trains on every sequence of
-    ``config.batch_size`` episodes.
+    ``config.batch_size`` episodes, and ``config.route_rehearsal`` route questions on mazes of
+    their own stream (no ``avoid`` or pretraining held-out layout among them).
     """
     from maze_env import generate
     from maze_env.export import TRAIN_SEED_OFFSET
@@ -351,6 +380,9 @@ def run_sft(
     rng_seed = TRAIN_SEED_OFFSET + seed * 1_000_003
     next_seed = rng_seed
     explorer_rng = random.Random(rng_seed)
+    rehearse = _route_rehearsal(
+        policy, config.route_rehearsal, spec=spec, seed=seed, cell_px=cell_px, avoid=avoid
+    )
     train_time = 0.0
     solved = played = 0
     for step in range(config.steps):
@@ -378,6 +410,7 @@ def run_sft(
             trajs.extend(sequences)
             solved, played = solved + ok, played + 1
         report.demonstrations_solved = solved / played
+        trajs.extend(rehearse())
         model.train()
         loss = supervised_step(
             policy, trajs, opt, sched, params, decision_weight=config.decision_weight
