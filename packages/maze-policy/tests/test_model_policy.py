@@ -295,3 +295,40 @@ def test_recent_context_puts_the_previous_reply_before_the_feedback(tiny_policy:
         lp = policy_logprobs(tiny_policy, batch, params)
     mask = batch.loss_mask.bool()
     assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4
+
+
+def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
+    tiny_policy: Policy,
+) -> None:
+    """A client or server holding the whole conversation sends what training answered from."""
+    import pytest
+
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.rollout import in_context, make_env, run_episodes
+
+    rows = build_rows(MazeSpec.parse("5x5"), [1, 2], split="train", slack=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    enc = tiny_policy.encoder
+    checked = 0
+    for context in ("latest", "recent"):
+        eps = run_episodes(tiny_policy, rows, sampling=params, seed=6, context=context)
+        for row, ep in zip(rows, eps, strict=True):
+            # Replay the episode's replies on a fresh env, keeping the whole conversation.
+            env = make_env(row, {"inline_images": True})
+            conversation: list[Any] = list(env.init(row["prompt"])[0])
+            prompts: list[list[int]] = []
+            for reply in ep.replies:
+                prompts.append(enc.start(in_context(conversation, context)).input_ids)
+                out = env.step(reply)
+                conversation += [{"role": "assistant", "content": reply}, *out["observations"]]
+            answered = [s.input_ids[: s.generated_spans()[0][0]] for s in ep.turn_trajectories]
+            assert prompts == answered
+            assert in_context(conversation, "full") == conversation
+            checked += len(prompts)
+    assert checked > 6
+    # A conversation with no reply yet is an opening, kept whole; an unknown context is refused.
+    opening = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert in_context(opening, "latest") == opening
+    with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
+        in_context(opening, "window")

@@ -60,6 +60,25 @@ def latest_turn(
     return [*(m for m in opening if m.get("role") == "system"), *previous, *observations]
 
 
+def in_context(messages: Sequence[Mapping[str, Any]], context: str) -> list[Mapping[str, Any]]:
+    """What a policy trained in ``context`` answers a whole conversation from.
+
+    For a client or a server that holds the whole conversation, as OpenAI clients send it:
+    ``full`` keeps it; ``latest`` keeps its system messages and the messages after the last
+    assistant reply, as :func:`latest_turn` builds a turn in training; ``recent`` keeps that
+    reply too. A conversation with no reply yet is an opening and is kept whole, as in training.
+    """
+    if check_context(context) == "full":
+        return list(messages)
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not replies:
+        return list(messages)
+    last = replies[-1]
+    previous = [messages[last]] if context == "recent" else []
+    system = [m for m in messages[:last] if m.get("role") == "system"]
+    return [*system, *previous, *messages[last + 1 :]]
+
+
 @dataclass
 class Episode:
     """One finished episode: its tokens and what the environment made of it.
