@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from maze_evaluation import (
     EndpointBackend,
     EndpointError,
     EvalRecord,
+    ResultsFileError,
     chat_url,
     evaluate,
     sampling_params,
@@ -101,6 +103,36 @@ def test_requests_carry_the_conversation_with_images() -> None:
         u.startswith("data:image/png;base64,") for u in images
     )
     assert all(b["temperature"] == 0.0 and "seed" not in b for b in bodies)
+
+
+@pytest.mark.parametrize("context", ["latest", "recent"])
+def test_a_per_turn_context_sends_each_turn_as_the_policy_was_trained(
+    context: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer() as srv:
+        backend = EndpointBackend(srv.url, "oracle", context=context)
+        recs = evaluate(backend, eval_set=SET, limit=N, out=out, progress=False)
+        bodies = srv.bodies
+    assert all(r.solved for r in recs) and len(bodies) == sum(r.turns for r in recs)
+    assert all(r.extra == {"context": context} for r in recs)
+    expect = ["system", "assistant", "user"] if context == "recent" else ["system", "user"]
+    # Every turn after the first is one frame (and the previous reply), never the history.
+    firsts = [b for b in bodies if "Here is a" in json.dumps(b["messages"])]
+    assert len(firsts) == N and all(len(b["messages"]) == 2 for b in firsts)
+    rest = [b for b in bodies if b not in firsts]
+    assert len(rest) == len(bodies) - N > 0
+    assert all([m["role"] for m in b["messages"]] == expect for b in rest)
+    # A results file keeps one context: resuming it in another is refused, not mixed.
+    with (
+        ScriptedServer() as srv,
+        pytest.raises(ResultsFileError, match=f"'{context}'.*resume with the same"),
+    ):
+        evaluate(
+            EndpointBackend(srv.url, "oracle"), eval_set=SET, out=out, resume=True, progress=False
+        )
+    with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
+        EndpointBackend("http://127.0.0.1:1", "oracle", context="window")
 
 
 def test_samples_use_temperature_and_distinct_seeds(server: ScriptedServer) -> None:

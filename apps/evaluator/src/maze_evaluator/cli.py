@@ -66,6 +66,13 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
         default=None,
         help="pixels per grid square (default: as the adapter or endpoint records it, else 32)",
     )
+    e.add_argument(
+        "--context",
+        default="full",
+        help="what each turn is answered from, as the policy was trained (maze-train's "
+        "local.context): full (the whole conversation, default), latest (the system prompt and "
+        "the latest frame) or recent (and the previous reply)",
+    )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -143,9 +150,15 @@ def _normalise(argv: list[str]) -> list[str]:
 
 
 def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from maze_policy.rollout import check_context
+
     for name in ("samples", "max_new_tokens", "concurrency", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        check_context(args.context)
+    except ValueError as exc:
+        raise UsageError(f"--context: {exc}") from None
     return {
         "eval_set": args.eval_set,
         "samples": args.samples,
@@ -195,6 +208,7 @@ def _endpoint(args: argparse.Namespace, model: str, version: int | None = None) 
         retries=args.retries,
         api_key=args.api_key,
         version=version,
+        context=args.context,
     )
 
 
@@ -210,7 +224,9 @@ def _run(args: argparse.Namespace) -> int:
     backend = (
         _endpoint(args, args.model)
         if args.endpoint is not None
-        else LocalBackend(args.model_dir, args.adapter, batch_size=args.batch_size)
+        else LocalBackend(
+            args.model_dir, args.adapter, batch_size=args.batch_size, context=args.context
+        )
     )
     out = args.out or Path(f"maze-eval-{args.eval_set}.jsonl")
     records = evaluate(backend, out=out, resume=args.resume, **kwargs)
@@ -247,7 +263,9 @@ def _follow(args: argparse.Namespace) -> int:
             model = args.model.replace("{version}", str(pv.version))
             return _endpoint(args, model, pv.version)
         if not local:
-            local.append(LocalBackend(args.model_dir, batch_size=args.batch_size))
+            local.append(
+                LocalBackend(args.model_dir, batch_size=args.batch_size, context=args.context)
+            )
         local[0].load_adapter(pv.path, pv.version)
         return local[0]
 

@@ -1,7 +1,8 @@
 """Backend for any OpenAI-compatible chat endpoint (our server, vLLM, Ray Serve LLM).
 
 Each turn sends the whole conversation so far (system, user turns with ``image_url`` data URIs,
-assistant replies), as OpenAI clients do. Requests are bounded by a semaphore, time out, and
+assistant replies), as OpenAI clients do, or, for a policy trained in another ``context``
+(``latest``, ``recent``), the part of it that policy answers from. Requests are bounded by a semaphore, time out, and
 are retried with exponential backoff on 429, 5xx and connection errors, honouring Retry-After.
 """
 
@@ -59,20 +60,25 @@ class EndpointBackend:
         api_key: str | None = None,
         adapter: str | None = None,
         version: int | None = None,
+        context: str = "full",
     ) -> None:
+        from maze_policy.rollout import check_context
+
+        check_context(context)
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if retries < 0 or timeout <= 0:
             raise ValueError(f"need retries >= 0 and timeout > 0, got {retries}, {timeout}")
         self.url = chat_url(endpoint)
         self.model = model
+        self.context = context
         self.concurrency = concurrency
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        self._identity = Identity("endpoint", f"{self.url}#{model}", adapter, version)
+        self._identity = Identity("endpoint", f"{self.url}#{model}", adapter, version, context)
         self.requests = 0
         self.retried = 0
 
@@ -110,7 +116,7 @@ class EndpointBackend:
     ) -> Played:
         # maze_policy.rollout imports torch (its chat and policy modules): load it on first use,
         # so importing this backend stays light.
-        from maze_policy.rollout import make_env
+        from maze_policy.rollout import in_context, make_env
 
         t0 = time.monotonic()
         env = make_env(job.row)
@@ -119,7 +125,8 @@ class EndpointBackend:
         replies: list[str] = []
         reward = 0.0
         while True:
-            text = await self.chat(client, sem, messages, sampling, job.seed)
+            sent = in_context(messages, self.context)
+            text = await self.chat(client, sem, sent, sampling, job.seed)
             replies.append(text)
             out = cast(Mapping[str, Any], env.step(text))
             if out["done"]:

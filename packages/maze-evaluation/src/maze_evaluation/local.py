@@ -30,6 +30,7 @@ class LocalBackend:
         batch_size: int = 8,
         threads: int | None = None,
         version: int | None = None,
+        context: str = "full",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -39,10 +40,12 @@ class LocalBackend:
             from maze_policy.errors import ModelLoadError
             from maze_policy.model import load_vlm
             from maze_policy.policy import Policy
+            from maze_policy.rollout import check_context
         except ImportError as exc:
             raise BackendError(
                 f"the in-process backend needs the 'local' extra (pip install 'maze-evaluation[local]'): {exc}"
             ) from exc
+        self.context = check_context(context)
         if threads is not None:
             torch.set_num_threads(threads)
         self.model_dir = Path(model_dir)
@@ -56,7 +59,7 @@ class LocalBackend:
         self._processor = processor
         self._policy_cls = Policy
         self.policy: Any = Policy(model, processor)
-        self._identity = Identity("local", str(self.model_dir), None, version)
+        self._identity = Identity("local", str(self.model_dir), None, version, self.context)
         if adapter_dir is not None:
             self.load_adapter(adapter_dir, version)
 
@@ -88,7 +91,7 @@ class LocalBackend:
             raise BackendError(f"{path}: cannot load adapter onto {self.model_dir}: {exc}") from exc
         self._peft.eval()
         self.policy = self._policy_cls(self._peft, self._processor)
-        self._identity = Identity("local", str(self.model_dir), str(path), version)
+        self._identity = Identity("local", str(self.model_dir), str(path), version, self.context)
 
     def play(
         self, jobs: Sequence[Job], sampling: SamplingParams, on_done: Callable[[Played], None]
@@ -101,7 +104,11 @@ class LocalBackend:
             # Sampled runs seed each batch from its first episode's seed: reproducible for the
             # same batch composition (greedy runs do not depend on it).
             episodes = run_episodes(
-                self.policy, [j.row for j in chunk], sampling=sampling, seed=chunk[0].seed
+                self.policy,
+                [j.row for j in chunk],
+                sampling=sampling,
+                seed=chunk[0].seed,
+                context=self.context,
             )
             per = (time.monotonic() - t0) / len(chunk)
             for job, ep in zip(chunk, episodes, strict=True):

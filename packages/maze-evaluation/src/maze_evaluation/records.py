@@ -76,6 +76,9 @@ class Identity:
     model: str
     adapter: str | None = None
     version: int | None = None
+    context: str = "full"
+    """What each turn was answered from (``maze_policy.rollout.CONTEXTS``); records name it in
+    ``extra`` when it is not ``full``."""
 
 
 def replay_path(
@@ -150,5 +153,8 @@ def make_record(
         adapter=identity.adapter,
         version=identity.version,
         elapsed_s=round(elapsed_s, 4),
-        extra=dict(extra or {}),
+        extra={
+            **({} if identity.context == "full" else {"context": identity.context}),
+            **(extra or {}),
+        },
     )

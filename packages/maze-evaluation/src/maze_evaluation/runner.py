@@ -87,13 +87,16 @@ def _previous_records(path: Path | None, eval_set: str, *, resume: bool) -> list
 def _check_same_source(
     path: Path | None, existing: Iterable[EvalRecord], identity: Identity
 ) -> None:
-    """Refuse to mix replies of another backend, model, adapter or version into one file."""
-    mine = (identity.backend, identity.model, identity.adapter, identity.version)
-    theirs = {(r.backend, r.model, r.adapter, r.version) for r in existing} - {mine}
+    """Refuse to mix replies of another backend, model, adapter, version or context into one file."""
+    mine = (identity.backend, identity.model, identity.adapter, identity.version, identity.context)
+    theirs = {
+        (r.backend, r.model, r.adapter, r.version, str(r.extra.get("context", "full")))
+        for r in existing
+    } - {mine}
     if theirs:
         raise ResultsFileError(
             f"{path} holds results of {sorted(map(str, theirs))}, not {mine}; resume with the same "
-            "backend, model and adapter, or write to another file"
+            "backend, model, adapter and context, or write to another file"
         )
 
 

@@ -40,7 +40,11 @@ def _parts(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def read_board(messages: Sequence[Mapping[str, Any]]) -> tuple[Maze, tuple[int, int]]:
-    """The maze and the agent's square, from the first task text and the latest image."""
+    """The maze and the agent's square, from the first task text and the latest image.
+
+    A conversation cut to its latest turn (``context`` ``latest``) has no task text: the size
+    then comes from the image itself, whose square (1, 1) is always a cell, never a wall.
+    """
     size: tuple[int, int] | None = None
     uri: str | None = None
     for m in messages:
@@ -51,14 +55,21 @@ def read_board(messages: Sequence[Mapping[str, Any]]) -> tuple[Maze, tuple[int, 
                     size = (int(found.group(1)), int(found.group(2)))
             if p.get("type") == "image_url":
                 uri = str(cast(Mapping[str, Any], p["image_url"])["url"])
-    if size is None or uri is None:
-        raise ValueError("conversation has no maze size text or no image")
+    if uri is None:
+        raise ValueError("conversation has no image")
     png = base64.b64decode(uri.split(",", 1)[1])
     px = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int32)
+    is_wall = np.abs(px - np.array([169, 169, 169])).sum(axis=2) < 30
+    if size is None:
+        diagonal = is_wall[np.arange(min(px.shape[:2])), np.arange(min(px.shape[:2]))]
+        cell = int(np.argmin(diagonal))  # the first pixel of square (1, 1)
+        if cell == 0:
+            raise ValueError("conversation has no maze size text and its image shows no maze")
+        size = (px.shape[0] // cell, px.shape[1] // cell)
     rows, cols = size
     cell = px.shape[0] // rows
+    walls = is_wall[cell // 2 :: cell, cell // 2 :: cell][:rows, :cols]
     centres = px[cell // 2 :: cell, cell // 2 :: cell][:rows, :cols]
-    walls = np.abs(centres - np.array([169, 169, 169])).sum(axis=2) < 30
     agent_mask = (centres[:, :, 2] > 200) & (centres[:, :, 0] < 60)
     goal_mask = (centres[:, :, 0] > 200) & (centres[:, :, 1] < 60)
     ar, ac = (int(v) for v in np.argwhere(agent_mask)[0])
