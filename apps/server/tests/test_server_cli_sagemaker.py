@@ -259,6 +259,19 @@ def test_batching_flags(tiny: Path) -> None:
     assert (custom.batch_max_size, custom.batch_wait_ms) == (4, 0.0)
 
 
+def test_context_flag_and_env(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maze_server.cli import build
+
+    def context(*flags: str) -> str:
+        return build(["--model", str(tiny), *flags]).app.state.engine.config.context
+
+    monkeypatch.delenv("MAZE_CONTEXT", raising=False)
+    assert context() == "full"
+    assert context("--context", "latest") == "latest"
+    monkeypatch.setenv("MAZE_CONTEXT", "recent")
+    assert context() == "recent" and context("--context", "full") == "full"
+
+
 def test_cli_usage_errors(
     adapter: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -270,6 +283,7 @@ def test_cli_usage_errors(
         (["--model", "m", "--lora-modules", "x"], "NAME=PATH"),
         (["--model", str(adapter)], "MAZE_BASE_MODEL"),
         (["--model", "m", "--batch-max-size", "0"], "--batch-max-size"),
+        (["--model", "m", "--context", "window"], "context must be one of full, latest, recent"),
     )
     for args, needle in cases:
         assert main(args) == 2

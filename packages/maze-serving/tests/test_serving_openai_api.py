@@ -175,3 +175,40 @@ def test_models_list_the_rendering_an_adapter_records(
     assert (
         httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "r25"}).status_code == 200
     )
+
+
+def test_a_per_turn_context_answers_the_turn_the_policy_was_trained_on(
+    start_server: ServerFactory, maze_messages: list[dict[str, Any]]
+) -> None:
+    """A client sending the whole conversation gets what the trimmed turn gets, images and all."""
+    system, first = maze_messages[0], maze_messages[1:]
+    feedback = [
+        {
+            "role": "user",
+            "content": [
+                *first[-1]["content"][:1],
+                {"type": "text", "text": "Moved. Turns left: 9."},
+            ],
+        }
+    ]
+    reply = {"role": "assistant", "content": "<action>right</action>"}
+    # Twenty earlier turns: more images than the server takes in one request.
+    history = [system, *first, *([reply, *feedback] * 20)]
+    kw: dict[str, Any] = {"max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": True}
+
+    def tokens(url: str, messages: list[dict[str, Any]]) -> list[int]:
+        r = chat(url, BASE, messages, **kw)
+        assert r.status_code == 200, r.text
+        return [t["token_id"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+
+    with start_server(context="latest", max_images=4) as url:
+        latest = tokens(url, history)
+        assert latest == tokens(url, [system, *feedback])
+        assert tokens(url, maze_messages) == tokens(url, [system, *first])
+    with start_server(context="recent", max_images=4) as url:
+        recent = tokens(url, history)
+        assert recent == tokens(url, [system, reply, *feedback])
+    with start_server(max_images=4) as url:  # full: the conversation as sent, so over the limit
+        r = chat(url, BASE, history, **kw)
+        assert r.status_code == 413 and "more than 4 images" in r.text
+        assert tokens(url, [system, *feedback]) == latest != recent

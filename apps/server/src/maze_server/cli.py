@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="generate one request at a time (the same as --batch-max-size 1)",
     )
+    p.add_argument(
+        "--context",
+        help="what each request is answered from, as the served policy was trained (maze-train's "
+        "local.context): full (the conversation as sent, default), latest (its system prompt "
+        "and the turn after the last reply) or recent (and that reply); env MAZE_CONTEXT",
+    )
     p.add_argument("--cache-dir", help="where s3:// downloads go (default: a temp dir)")
     p.add_argument(
         "--log-level",
@@ -120,6 +126,7 @@ class Settings:
     adapters: dict[str, str]
     default_adapter: str | None
     watch_dir: str | None
+    context: str
     cache_dir: str
     host: str
     port: int
@@ -164,12 +171,20 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
     if args.batch_max_size < 1 or args.batch_wait_ms < 0:
         raise UsageError("--batch-max-size must be >= 1 and --batch-wait-ms >= 0")
     name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
+    context = args.context or env.get("MAZE_CONTEXT") or "full"
+    from maze_policy.rollout import check_context
+
+    try:
+        check_context(context)
+    except ValueError as exc:
+        raise UsageError(f"--context: {exc}") from None
     return Settings(
         model_path=model_path,
         served_model_name=name or Path(model_path.rstrip("/")).name,
         adapters=adapters,
         default_adapter=default_adapter,
         watch_dir=args.watch or env.get("MAZE_WATCH_DIR"),
+        context=context,
         cache_dir=cache,
         host=args.host or ("0.0.0.0" if sagemaker else "127.0.0.1"),
         port=args.port or (8080 if sagemaker else 8000),
@@ -202,6 +217,7 @@ def create(settings: Settings) -> Launch:
         threads=args.threads,
         batch_max_size=1 if args.no_batching else args.batch_max_size,
         batch_wait_ms=args.batch_wait_ms,
+        context=settings.context,
         cache_dir=settings.cache_dir,
     )
     app = create_app(config, max_body_bytes=args.max_body_bytes, cache_dir=settings.cache_dir)

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maze_policy.errors import ChatEncodingError
+from maze_policy.rollout import in_context
 from maze_serving.engine import (
     LOADING_RETRY_AFTER_S,
     EngineConfig,
@@ -325,6 +326,9 @@ def _generation_request(body: ChatCompletionRequest, config: EngineConfig) -> Ge
     messages = body.as_messages()
     if messages[-1]["role"] != "user":
         raise BadRequestError("the last message must have role 'user'")
+    # Cut before the image limits: a long conversation a per-turn policy answers from one frame
+    # is not refused for the frames it never reads.
+    messages = in_context(messages, config.context)
     check_images(messages, config)
     params, seed = sampling_from_request(
         temperature=body.temperature,

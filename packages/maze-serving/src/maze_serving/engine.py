@@ -44,6 +44,7 @@ from maze_policy.chat import Trajectory
 from maze_policy.errors import ChatEncodingError, ModelLoadError
 from maze_policy.model import load_vlm
 from maze_policy.policy import Policy
+from maze_policy.rollout import PER_TURN_CONTEXTS, check_context
 from maze_policy.sampling import SamplingParams
 from maze_serving.batching import Row, RowResult, generate_rows
 from maze_serving.errors import (
@@ -99,8 +100,14 @@ class EngineConfig:
     batch_wait_ms: float = 100.0
     """Under concurrent load, how long a batch waits for more requests to join (see the module
     docstring); a request arriving alone never waits."""
+    context: str = "full"
+    """What each request is answered from, as the served policy was trained (maze-train's
+    ``local.context``): ``full`` answers the conversation as sent; ``latest`` and ``recent``
+    answer the part of it the policy saw in training (``maze_policy.rollout.in_context``), so
+    OpenAI clients that send the whole conversation get the policy's trained behaviour."""
 
     def __post_init__(self) -> None:
+        check_context(self.context)
         if self.batch_max_size < 1:
             raise ValueError(f"batch_max_size must be >= 1, got {self.batch_max_size}")
         if self.batch_wait_ms < 0:
@@ -560,8 +567,15 @@ class ServingEngine:
             if item.cancel.is_set():  # timed out while queued
                 item.future.set_result(GenerationOutput([], "", None, 0, "cancelled"))
                 return False
+            # A per-turn policy was trained on each turn rendered whole (``encoder.start``), the
+            # previous reply of ``recent`` included; other conversations are encoded turn by turn.
+            encode = (
+                policy.encoder.start
+                if self.config.context in PER_TURN_CONTEXTS
+                else policy.encoder.encode_conversation
+            )
             try:
-                traj = policy.encoder.encode_conversation(item.req.messages)
+                traj = encode(item.req.messages)
             except ChatEncodingError as exc:
                 raise BadRequestError(str(exc)) from exc
             except ValueError as exc:  # the image processor's refusals (e.g. aspect ratio)
