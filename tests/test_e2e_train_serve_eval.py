@@ -1,5 +1,6 @@
 """End to end: train briefly, publish the adapter, the server hot-loads it from weight-sync, and
-maze-eval scores it through the server's HTTP API with the same solve rate as in-process."""
+maze-eval scores it through the server's HTTP API with the same solve rate as in-process, in the
+whole conversation and in the latest-frame context (trained, served and scored in it)."""
 
 import time
 from pathlib import Path
@@ -9,12 +10,15 @@ import httpx
 import pytest
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["full", "latest"])
+def trained(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    """A run directory and the context its policy trained in."""
     from maze_engine.config import load_config
     from maze_engine.trainer import train
 
-    run = tmp_path_factory.mktemp("run")
+    run = tmp_path_factory.mktemp(f"run-{request.param}")
     config = load_config(
         "smoke_5x5",
         [
@@ -33,10 +37,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "local.progress=false",
             "local.tensorboard=false",
             "mazes.reward_spec=visgym_sft",
+            f"local.context={request.param}",
         ],
     )
     train(config, say=lambda _m: None)
-    return run
+    return run, request.param
 
 
 def _play(backend: Any) -> Any:
@@ -49,7 +54,7 @@ def _play(backend: Any) -> Any:
 
 
 def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
-    trained: Path,
+    trained: tuple[Path, str],
 ) -> None:
     from maze_evaluation import EndpointBackend, episode_differences, summarize
     from maze_evaluation.local import LocalBackend
@@ -58,12 +63,19 @@ def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
     from maze_serving.server import serve_in_thread
     from weight_sync import AdapterStore
 
-    base = trained / "base_model"
-    store = AdapterStore(trained / "lora_sync")
+    run, context = trained
+    base = run / "base_model"
+    store = AdapterStore(run / "lora_sync")
     latest = store.latest()
     assert latest is not None and latest.step == 2
     app = create_app(
-        EngineConfig(model_path=str(base), watch_dir=str(store.root), watch_poll_s=0.2, threads=1)
+        EngineConfig(
+            model_path=str(base),
+            watch_dir=str(store.root),
+            watch_poll_s=0.2,
+            threads=1,
+            context=context,
+        )
     )
     with serve_in_thread(app, wait_model=True, startup_timeout=120) as url:
         name = f"{base.name}:latest"
@@ -73,8 +85,8 @@ def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
             models = {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
             time.sleep(0.2)
         assert name in models, models
-        over_http = _play(EndpointBackend(url, name, concurrency=1))
-    in_process = _play(LocalBackend(base, latest.path, batch_size=1, threads=1))
+        over_http = _play(EndpointBackend(url, name, concurrency=1, context=context))
+    in_process = _play(LocalBackend(base, latest.path, batch_size=1, threads=1, context=context))
     a, b = summarize(over_http), summarize(in_process)
     assert a.episodes == b.episodes == 8
     assert a.solve_rate == b.solve_rate
