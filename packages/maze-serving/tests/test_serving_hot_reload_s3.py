@@ -175,3 +175,29 @@ def test_adapter_from_s3_weight_sync_mirror(
     )
     assert r.status_code == 200, r.text
     assert f"{BASE}:mirrored" in [m["id"] for m in httpx.get(f"{server}/v1/models").json()["data"]]
+
+
+def test_downloads_go_to_a_temp_dir_removed_at_shutdown(
+    moto_s3: Any,
+    start_server: ServerFactory,
+    adapters: list[Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for f in adapters[0].iterdir():
+        moto_s3.upload_file(str(f), "models", f"runs/r2/{f.name}")
+    with start_server() as url:
+        assert list(tmp_path.iterdir()) == []  # nothing downloaded yet, nothing made
+        r = httpx.post(
+            f"{url}/v1/load_lora_adapter",
+            json={"lora_name": "s3", "lora_path": "s3://models/runs/r2"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        (made,) = tmp_path.iterdir()
+        assert made.name.startswith("maze-serve-")
+        assert any(p.name == "adapter_model.safetensors" for p in made.rglob("*"))
+    assert list(tmp_path.iterdir()) == []  # removed when the server stopped

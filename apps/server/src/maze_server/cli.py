@@ -21,7 +21,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         "local.context): full (the conversation as sent, default), latest (its system prompt "
         "and the turn after the last reply) or recent (and that reply); env MAZE_CONTEXT",
     )
-    p.add_argument("--cache-dir", help="where s3:// downloads go (default: a temp dir)")
+    p.add_argument(
+        "--cache-dir", help="where s3:// downloads go (default: a temp dir, removed on shutdown)"
+    )
     p.add_argument(
         "--log-level",
         default="info",
@@ -127,7 +128,7 @@ class Settings:
     default_adapter: str | None
     watch_dir: str | None
     context: str
-    cache_dir: str
+    cache_dir: str | None
     host: str
     port: int
     args: argparse.Namespace
@@ -148,7 +149,8 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
     args = build_parser().parse_args(argv)
     sagemaker = args.command == "serve"
     env = os.environ
-    cache = args.cache_dir or env.get("MAZE_CACHE_DIR") or tempfile.mkdtemp(prefix="maze-serve-")
+    # None: the engine makes a temp dir at its first download and removes it when it stops.
+    cache = args.cache_dir or env.get("MAZE_CACHE_DIR")
     adapters = _lora_modules(args.lora_modules)
     default_adapter: str | None = args.default_adapter
     model: str | None = args.model

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import threading
 import time
 import uuid
@@ -235,9 +234,10 @@ def get_cache_dir(request: Request) -> str:
         request: The incoming request.
 
     Returns:
-        ``request.app.state.cache_dir``.
+        ``create_app``'s ``cache_dir``, else the engine's download directory.
     """
-    return cast(str, request.app.state.cache_dir)
+    cache_dir = cast("str | None", request.app.state.cache_dir)
+    return cache_dir if cache_dir is not None else get_engine(request).download_dir()
 
 
 EngineDep = Annotated[ServingEngine, Depends(get_engine)]
@@ -767,7 +767,8 @@ def create_app(
     Args:
         config: Model location and the limits the server enforces.
         max_body_bytes: Request bodies over this many bytes get a 413.
-        cache_dir: Where adapters downloaded from ``s3://`` paths go (default: a temp dir).
+        cache_dir: Where adapters downloaded from ``s3://`` paths go (default: the engine's
+            download directory, a temp dir removed when the app shuts down).
         engine: A pre-built engine (e.g. one with a ``before_load`` hook); default: a new
             :class:`ServingEngine` for ``config``.
 
@@ -783,7 +784,7 @@ def create_app(
     )
     app.state.engine = eng
     app.state.config = config
-    app.state.cache_dir = cache_dir or tempfile.mkdtemp(prefix="maze-serve-cache-")
+    app.state.cache_dir = cache_dir
     app.exception_handler(ServingError)(serving_error_handler)
     app.exception_handler(RequestValidationError)(validation_error_handler)
     app.exception_handler(StarletteHTTPException)(http_error_handler)

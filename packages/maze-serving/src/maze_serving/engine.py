@@ -25,6 +25,7 @@ import functools
 import io
 import logging
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -78,7 +79,8 @@ class EngineConfig:
     adapters: Mapping[str, str] = field(default_factory=dict[str, str])
     """Adapters to load at startup, ``{name: directory or s3:// prefix}``."""
     cache_dir: str | None = None
-    """Where ``s3://`` downloads go (default: a fresh temp dir)."""
+    """Where ``s3://`` downloads go (default: a temp dir made at the first download and removed
+    when the engine closes)."""
     default_adapter: str | None = None
     """Adapter used when a request names no model (``/invocations``); default: the base."""
     watch_dir: str | None = None
@@ -263,6 +265,8 @@ class ServingEngine:
         self.metrics.requests_waiting.set_function(lambda: len(self._queue))
         self._peak_inflight = 0
         self.created = int(time.time())
+        self._temp_cache: str | None = None
+        self._temp_cache_lock = threading.Lock()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -275,6 +279,19 @@ class ServingEngine:
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 
+    def download_dir(self) -> str:
+        """Where ``s3://`` downloads go: ``config.cache_dir``, else the engine's own temp dir.
+
+        The temp dir is made on first use, so a server that downloads nothing leaves nothing
+        behind, and :meth:`close` removes it.
+        """
+        if self.config.cache_dir is not None:
+            return self.config.cache_dir
+        with self._temp_cache_lock:
+            if self._temp_cache is None:
+                self._temp_cache = tempfile.mkdtemp(prefix="maze-serve-")
+            return self._temp_cache
+
     def close(self) -> None:
         self._stop.set()
         for t in self._threads:
@@ -286,17 +303,26 @@ class ServingEngine:
         for item in left:
             if item.future.set_running_or_notify_cancel():
                 item.future.set_exception(NotReadyError("the server is shutting down"))
+        with self._temp_cache_lock:
+            if self._temp_cache is not None:  # downloads were loaded into memory: not needed now
+                shutil.rmtree(self._temp_cache, ignore_errors=True)
+                self._temp_cache = None
+
+    def _resolve(self, location: str) -> str:
+        """A local path for ``location`` (a directory, or an ``s3://`` prefix downloaded here)."""
+        if location.startswith("s3://"):
+            return resolve_location(location, self.download_dir())
+        return location
 
     def _load_all(self) -> None:
         try:
             if self._before_load is not None:
                 self._before_load()
             # Downloads happen here, in the background, so /ping answers while they run.
-            cache = self.config.cache_dir or tempfile.mkdtemp(prefix="maze-serve-")
-            model_path = resolve_location(self.config.model_path, cache)
+            model_path = self._resolve(self.config.model_path)
             self._worker.submit(self._load_base, model_path).result()
             for name, path in self.config.adapters.items():
-                local = resolve_location(path, cache)
+                local = self._resolve(path)
                 self._worker.submit(self._load_adapter_sync, name, local, None).result()
             self.status = "ready"
         except (ServingError, ModelLoadError, OSError, ValueError, RuntimeError) as exc:
