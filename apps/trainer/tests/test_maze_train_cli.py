@@ -213,7 +213,7 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
         "local.warm_start.max_new_tokens=8",
     )
     assert pretrained.returncode == 0, pretrained.stderr[-3000:]
-    assert "base: tiny-qwen3vl-perception" in pretrained.stdout
+    assert "base: tiny-qwen3vl-route" in pretrained.stdout
     assert "before: small-64 solve" in pretrained.stdout
 
 
@@ -263,15 +263,19 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
         "trainer.eval_before_train=true",
         "generator.max_turns=5",  # tiny-64's 4 moves + stop: no slack
         "local.warm_start.steps=2",
+        "local.warm_start.route_rehearsal=2",
+        "local.context=latest",
         "local.rollout_workers=0",
         "mazes.train_size=4",
         "local.progress=false",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "final adapter:" in proc.stdout
+    assert "maze-serve --context latest, maze-eval --context latest" in proc.stdout
     # The three stages of the main job, each figure the one its run recorded.
     m = re.search(
-        r"tiny-64 solve rate: random init ([\d.]+)% -> warm start \(2 oracle steps\) "
+        r"tiny-64 solve rate: random init ([\d.]+)% -> warm start "
+        r"\(2 oracle steps \+ 2 route questions each\) "
         r"([\d.]+)% -> GRPO ([\d.]+)% \(global step 1\)",
         proc.stdout,
     )

@@ -269,15 +269,24 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
     stages = f"before GRPO {_pct(result.eval_before)} -> after {_pct(result.eval_after)}"
     if result.base_solve_rate is not None:
         demos = result.warm_start_demonstrator or "oracle"
+        rehearsal = result.warm_start_route_rehearsal
+        recipe = f"{result.warm_start_steps} {demos} steps" + (
+            f" + {rehearsal} route questions each" if rehearsal else ""
+        )
         stages = (
-            f"{result.base_label} {_pct(result.base_solve_rate)} -> warm start "
-            f"({result.warm_start_steps} {demos} steps) {_pct(result.eval_before)} -> GRPO "
-            f"{_pct(result.eval_after)}"
+            f"{result.base_label} {_pct(result.base_solve_rate)} -> warm start ({recipe}) "
+            f"{_pct(result.eval_before)} -> GRPO {_pct(result.eval_after)}"
         )
     print(f"{config.mazes.eval_set} solve rate: {stages} (global step {result.global_step})")
     for name, (before, after) in result.reports.items():
         print(f"{name} solve rate: before GRPO {_pct(before)} -> after {_pct(after)}")
     print(f"final adapter: {result.final_adapter}")
+    context = config.local.context
+    if context != "full":  # in the whole conversation it is not the policy that was trained
+        print(
+            f"it answers each turn in context {context!r}: maze-serve --context {context}, "
+            f"maze-eval --context {context}"
+        )
     decisions = result.run_dir / DECISIONS_FILE
     if decisions.is_file():
         print(f"what GRPO changed, per layout class: {decisions}")

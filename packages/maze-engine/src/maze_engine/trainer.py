@@ -105,6 +105,8 @@ class TrainResult:
     """Supervised steps of the warm start, when the base model was built here."""
     warm_start_demonstrator: str | None = None
     """Who played the warm start's demonstrations (``oracle``, ``explorer``), when built here."""
+    warm_start_route_rehearsal: int = 0
+    """Route questions trained beside each warm-start step (``local.warm_start.route_rehearsal``)."""
     reports: dict[str, tuple[float | None, float | None]] = field(
         default_factory=dict[str, tuple[float | None, float | None]]
     )
@@ -994,6 +996,7 @@ class Trainer:
             base_label=report.get("base_label"),
             warm_start_steps=report.get("steps_done") if report else None,
             warm_start_demonstrator=report.get("config", {}).get("demonstrator"),
+            warm_start_route_rehearsal=int(report.get("config", {}).get("route_rehearsal", 0)),
             reports={
                 name: (self.reports_before.get(name), reports_after.get(name))
                 for name in self.report_rows
