@@ -149,7 +149,7 @@ def test_resume_refuses_results_of_another_eval_set(server: ScriptedServer, tmp_
             resume=True,
             progress=False,
         )
-    with pytest.raises(ResultsFileError, match="same backend, model and adapter"):
+    with pytest.raises(ResultsFileError, match="same backend, model, adapter and context"):
         evaluate(
             EndpointBackend(server.url, "oracle"),
             eval_set=SET,
