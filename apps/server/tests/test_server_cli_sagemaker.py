@@ -288,3 +288,20 @@ def test_cli_usage_errors(
     for args, needle in cases:
         assert main(args) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_settings_resolve_without_the_heavy_imports(tiny: Path) -> None:
+    """``resolve`` runs before the port opens: it must not import torch, the engine or the maze
+    env (their imports take the seconds the early responder exists to cover)."""
+    code = (
+        "import sys\n"
+        "from maze_server.cli import resolve\n"
+        f"assert resolve(['--model', {str(tiny)!r}, '--context', 'latest']).context == 'latest'\n"
+        "heavy = ('torch', 'transformers', 'maze_env', 'maze_serving.engine', 'PIL')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -150,7 +150,7 @@ def _normalise(argv: list[str]) -> list[str]:
 
 
 def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    from maze_policy.rollout import check_context
+    from maze_policy.contexts import check_context
 
     for name in ("samples", "max_new_tokens", "concurrency", "batch_size"):
         if getattr(args, name) < 1:

@@ -174,7 +174,7 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
         raise UsageError("--batch-max-size must be >= 1 and --batch-wait-ms >= 0")
     name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
     context = args.context or env.get("MAZE_CONTEXT") or "full"
-    from maze_policy.rollout import check_context
+    from maze_policy.contexts import check_context
 
     try:
         check_context(context)

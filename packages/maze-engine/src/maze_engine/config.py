@@ -313,7 +313,7 @@ class LocalConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``local.*`` key with a bad value."""
         _at_least(self, LOCAL_KEY, rollout_workers=0, torch_threads=1)
-        from maze_policy.rollout import CONTEXTS
+        from maze_policy.contexts import CONTEXTS
 
         if self.context not in CONTEXTS:
             raise ConfigError(

@@ -90,7 +90,8 @@ def demonstration_sequences(
     from maze_env.agents import ExplorerAgent
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
-    from maze_policy.rollout import PER_TURN_CONTEXTS, check_context, latest_turn
+    from maze_policy.contexts import PER_TURN_CONTEXTS, check_context
+    from maze_policy.rollout import latest_turn
 
     per_turn = check_context(context) in PER_TURN_CONTEXTS
     if demonstrator not in DEMONSTRATORS:

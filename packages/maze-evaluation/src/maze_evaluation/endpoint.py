@@ -63,7 +63,7 @@ class EndpointBackend:
         version: int | None = None,
         context: str = "full",
     ) -> None:
-        from maze_policy.rollout import check_context
+        from maze_policy.contexts import check_context
 
         check_context(context)
         if concurrency < 1:

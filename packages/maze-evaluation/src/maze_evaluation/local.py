@@ -37,10 +37,10 @@ class LocalBackend:
         try:
             import torch
 
+            from maze_policy.contexts import check_context
             from maze_policy.errors import ModelLoadError
             from maze_policy.model import load_vlm
             from maze_policy.policy import Policy
-            from maze_policy.rollout import check_context
         except ImportError as exc:
             raise BackendError(
                 f"the in-process backend needs the 'local' extra (pip install 'maze-evaluation[local]'): {exc}"

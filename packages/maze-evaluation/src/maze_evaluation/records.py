@@ -77,7 +77,7 @@ class Identity:
     adapter: str | None = None
     version: int | None = None
     context: str = "full"
-    """What each turn was answered from (``maze_policy.rollout.CONTEXTS``); records name it in
+    """What each turn was answered from (``maze_policy.contexts.CONTEXTS``); records name it in
     ``extra`` when it is not ``full``."""
 
 

@@ -7,7 +7,7 @@ episode, the env scores the reply, and its observation (feedback text + new imag
 to that episode's token sequence with loss mask 0. The sampled tokens keep mask 1 and their
 sampling-time log-probs.
 
-The ``context`` an episode's turns are answered in is one of :data:`CONTEXTS`: ``full`` (the
+The ``context`` an episode's turns are answered in is one of :data:`~maze_policy.contexts.CONTEXTS`: ``full`` (the
 whole conversation so far, VisGym's and SkyRL's multi-turn format), ``latest`` (the system
 prompt and the latest user turn only: the current frame and the env's feedback) or ``recent``
 (``latest`` with the policy's previous reply before the user turn, so feedback such as a bump
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from maze_env.export import ENV_CLASS
+from maze_policy.contexts import CONTEXTS, PER_TURN_CONTEXTS, check_context
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
 
@@ -31,19 +32,20 @@ if TYPE_CHECKING:  # the episode loop itself needs no torch: endpoint evaluation
     from maze_policy.policy import Policy
 
 
-CONTEXTS = ("full", "latest", "recent")
-"""What each turn is answered from: the whole conversation; the system prompt and the latest
-user turn; or those with the previous reply between them (see the module docstring)."""
-
-PER_TURN_CONTEXTS = ("latest", "recent")
-"""The contexts that play each turn as its own token sequence."""
-
-
-def check_context(context: str) -> str:
-    """``context`` if it is one of :data:`CONTEXTS`; a ValueError naming them otherwise."""
-    if context not in CONTEXTS:
-        raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
-    return context
+__all__ = [  # the context names are re-exported: they were defined here first
+    "CONTEXTS",
+    "OPENING_STATE",
+    "PER_TURN_CONTEXTS",
+    "Episode",
+    "check_context",
+    "drop_nulls",
+    "env_extras",
+    "in_context",
+    "latest_turn",
+    "make_env",
+    "run_episodes",
+    "state_key",
+]
 
 
 def latest_turn(
@@ -183,7 +185,7 @@ def run_episodes(
     ``inline_images: false``. With ``keep_cache`` the episodes keep their key/value cache from
     turn to turn (:class:`~maze_policy.incremental.IncrementalGenerator`), so a turn reads only
     its new tokens; without it every turn re-reads the whole conversation (``Policy.generate``).
-    ``context`` is one of :data:`CONTEXTS`.
+    ``context`` is one of :data:`~maze_policy.contexts.CONTEXTS`.
     """
     from maze_policy.chat import Trajectory
 

@@ -42,10 +42,10 @@ import torch
 from PIL import Image
 
 from maze_policy.chat import Trajectory
+from maze_policy.contexts import PER_TURN_CONTEXTS, check_context
 from maze_policy.errors import ChatEncodingError, ModelLoadError
 from maze_policy.model import load_vlm
 from maze_policy.policy import Policy
-from maze_policy.rollout import PER_TURN_CONTEXTS, check_context
 from maze_policy.sampling import SamplingParams
 from maze_serving.batching import Row, RowResult, generate_rows
 from maze_serving.errors import (
