@@ -7,13 +7,14 @@ episode, the env scores the reply, and its observation (feedback text + new imag
 to that episode's token sequence with loss mask 0. The sampled tokens keep mask 1 and their
 sampling-time log-probs.
 
-The ``context`` an episode's turns are answered in is one of :data:`~maze_policy.contexts.CONTEXTS`: ``full`` (the
-whole conversation so far, VisGym's and SkyRL's multi-turn format), ``latest`` (the system
-prompt and the latest user turn only: the current frame and the env's feedback) or ``recent``
-(``latest`` with the policy's previous reply before the user turn, so feedback such as a bump
-says which move it was about). With ``latest`` and ``recent`` each turn is its own token
-sequence, prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame
-at a time never meets the long multi-image contexts a small model loses track in.
+The ``context`` an episode's turns are answered in is one of
+:data:`~maze_policy.contexts.CONTEXTS`: ``full`` (the whole conversation so far, VisGym's and
+SkyRL's multi-turn format), ``latest`` (the system prompt and the latest user turn only: the
+current frame and the env's feedback) or ``recent`` (``latest`` with the policy's previous
+reply before the user turn, so feedback such as a bump says which move it was about). With
+``latest`` and ``recent`` each turn is its own token sequence, prompt and reply, kept in
+``Episode.turn_trajectories``; a policy that reads one frame at a time never meets the long
+multi-image contexts a small model loses track in.
 """
 
 from __future__ import annotations
