@@ -121,6 +121,25 @@ def test_step_advantages_compare_turns_of_a_group_on_the_same_square() -> None:
         sequence_advantages(per_episode, counts, mask, steps[:2])
 
 
+def test_turn_reward_advantages_use_the_groups_turns_as_baseline() -> None:
+    from maze_engine.grpo import turn_reward_advantages
+
+    # Group 0: 3 good turns of 5 (mean 0.6); group 1: every turn alike; group 2: one turn.
+    rewards = [[1.0, 1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0], [0.0]]
+    groups = [0, 0, 1, 1, 2]
+    adv = turn_reward_advantages(rewards, groups, norm_by_std=False)
+    assert [len(a) for a in adv] == [3, 2, 2, 1, 1]
+    assert adv[0].tolist() == pytest.approx([0.4, 0.4, -0.6]) and adv[1].tolist() == pytest.approx(
+        [-0.6, 0.4]
+    )
+    assert adv[2].abs().sum() == 0 and adv[3].abs().sum() == 0 and adv[4].abs().sum() == 0
+    scaled = turn_reward_advantages(rewards, groups)
+    std = float(torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0]).std())
+    assert scaled[0][0].item() == pytest.approx(0.4 / std, rel=1e-5)
+    with pytest.raises(ValueError, match="5 episodes of turn rewards, 4 group ids"):
+        turn_reward_advantages(rewards, groups[:4])
+
+
 def test_policy_loss_gradient_pushes_up_good_actions() -> None:
     algo = AlgorithmConfig(use_kl_loss=False, eps_clip_low=0.2, eps_clip_high=0.28)
     mask = torch.ones(2, 4)

@@ -74,6 +74,15 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
         return step_terms[-1]
 
     monkeypatch.setattr("maze_engine.trainer.step_advantages", record_steps)
+    from maze_engine.grpo import turn_reward_advantages
+
+    turn_rewards: list[list[list[float]]] = []
+
+    def record_turn_rewards(rewards: list[list[float]], *args: Any, **kwargs: Any) -> Any:
+        turn_rewards.append(rewards)
+        return turn_reward_advantages(rewards, *args, **kwargs)
+
+    monkeypatch.setattr("maze_engine.trainer.turn_reward_advantages", record_turn_rewards)
     config = load_config(
         "smoke_5x5",
         [
@@ -96,6 +105,7 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
             "local.rollout_workers=0",
             "local.context=latest",
             "local.step_advantage_weight=1.0",
+            "local.progress_advantage_weight=1.0",
             "mazes.train_size=8",
             "local.progress=false",
             "local.tensorboard=false",
@@ -111,6 +121,15 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
     assert [len(t) for t in step_terms[0]] == [e.turns for e in played[: len(step_terms[0])]]
     steps = [row for row in result.history if "policy/grad_norm" in row]
     assert len(steps) == 2 and all(row["policy/grad_norm"] > 0 for row in steps)
+    # The verifier judged every played turn; the step logs the share it found good.
+    assert [[len(t) for t in step] for step in turn_rewards] == [
+        [e.turns for e in played[:4]],
+        [e.turns for e in played[4:8]],
+    ]
+    for step, row in zip(turn_rewards, steps, strict=True):
+        flat = [v for turns in step for v in turns]
+        assert set(flat) <= {0.0, 1.0}
+        assert row["reward/good_turn_rate"] == pytest.approx(sum(flat) / len(flat))
     # The sampler's log-probs are the learner's on the same turn sequences.
     assert all(row["policy/rollout_train_logprob_abs_diff_max"] < 1e-3 for row in steps)
     ckpt = result.run_dir / "ckpt"

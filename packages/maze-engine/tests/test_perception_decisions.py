@@ -11,7 +11,7 @@ import pytest
 from maze_engine import artifacts
 from maze_engine.config import PerceptionConfig, load_config
 from maze_engine.data import check_held_out, overlapping_layouts
-from maze_engine.decisions import distances, layout_class, replay, summarize
+from maze_engine.decisions import distances, good_turns, layout_class, replay, summarize
 from maze_engine.errors import ConfigError
 from maze_engine.perception import (
     _char_ids,  # pyright: ignore[reportPrivateUsage]
@@ -81,6 +81,26 @@ def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
     rates = summarize([out, replay(m, replies, 20)])
     assert rates["all"]["first_move_good"] == 0.5 and rates["all"]["episodes"] == 2
     assert layout_class(m) in rates
+
+
+def test_good_turns_judge_each_played_turn_by_the_route() -> None:
+    maze, replies = _oracle_replies("7x7", 3)
+    assert good_turns(maze, replies, 20) == [True] * len(replies)
+    dist = distances(maze)
+    r, c = maze.start
+    walled = next(
+        w
+        for w, (dr, dc) in {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}.items()
+        if (r + dr, c + dc) not in dist
+    )
+    # A bump, an unreadable reply and a stop off the goal are bad; the oracle's moves stay good;
+    # arriving without stopping, then moving off the goal, is a bad last turn.
+    played = [f"<action>{walled}</action>", "no action", *replies[:-1], "<action>up</action>"]
+    verdicts = good_turns(maze, played, 30)
+    assert verdicts[:2] == [False, False] and all(verdicts[2:-1]) and verdicts[-1] is False
+    assert good_turns(maze, [replies[-1]], 20) == [False]  # stop on the start square
+    # Turns after the budget ran out were never played.
+    assert len(good_turns(maze, ["no action"] * 5, 3)) == 3
 
 
 def test_a_first_reply_that_is_no_move_counts_as_a_bad_first_move() -> None:

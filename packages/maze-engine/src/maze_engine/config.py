@@ -295,6 +295,12 @@ class LocalConfig:
     step_advantage_gamma: float = 0.95
     """The discount of those returns: reaching the goal in fewer turns from a state is worth
     more."""
+    progress_advantage_weight: float = 0.0
+    """With context ``latest`` or ``recent``: how much of a dense, verifier-given turn reward each
+    turn adds to its episode's GRPO advantage (0 = episode advantages only). A turn earns 1 when
+    its move takes the agent one square closer to the goal or it stops on the goal, else 0
+    (``maze_engine.decisions.good_turns``); each turn is scored against all its group's turns
+    (``maze_engine.grpo.turn_reward_advantages``)."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
@@ -321,17 +327,21 @@ class LocalConfig:
                 key=f"{LOCAL_KEY}.context",
                 allowed=CONTEXTS,
             )
-        if self.step_advantage_weight < 0:
-            raise ConfigError(
-                f"must be >= 0, got {show_value(self.step_advantage_weight)}",
-                key=f"{LOCAL_KEY}.step_advantage_weight",
-            )
-        if self.step_advantage_weight > 0 and self.context == "full":
-            raise ConfigError(
-                "step-level advantages compare turns played as their own sequences: "
-                f"set {LOCAL_KEY}.context=latest or recent",
-                key=f"{LOCAL_KEY}.step_advantage_weight",
-            )
+        # Both per-turn terms advantage turns played as their own sequences.
+        for name, weight in (
+            ("step_advantage_weight", self.step_advantage_weight),
+            ("progress_advantage_weight", self.progress_advantage_weight),
+        ):
+            if weight < 0:
+                raise ConfigError(
+                    f"must be >= 0, got {show_value(weight)}", key=f"{LOCAL_KEY}.{name}"
+                )
+            if weight > 0 and self.context == "full":
+                raise ConfigError(
+                    "per-turn advantages need turns played as their own sequences: "
+                    f"set {LOCAL_KEY}.context=latest or recent",
+                    key=f"{LOCAL_KEY}.{name}",
+                )
         if not 0 < self.step_advantage_gamma <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {show_value(self.step_advantage_gamma)}",

@@ -79,6 +79,29 @@ def layout_class(maze: Maze, dist: Mapping[Pos, int] | None = None) -> str:
     return f"{corner}/{ways} way{'s' if ways != 1 else ''}"
 
 
+def good_turns(maze: Maze, replies: Sequence[str], step_budget: int) -> list[bool]:
+    """Per played turn: did it move one square closer to the goal, or stop on the goal?
+
+    The verifier's dense view of an episode: the same rules as :func:`replay`, one verdict per
+    turn the game took (turns after the episode ended are not played).
+    """
+    from maze_env import MazeGame
+
+    dist = distances(maze)
+    game = MazeGame.start(maze, step_budget)
+    out: list[bool] = []
+    for reply in replies:
+        if game.done:
+            break
+        before = game.agent
+        result = game.step(reply)
+        out.append(
+            (result.outcome == "moved" and dist[game.agent] == dist[before] - 1)
+            or (result.outcome == "stopped" and before == maze.goal)
+        )
+    return out
+
+
 def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     """Replay ``replies`` on ``maze`` and classify every decision."""
     from maze_env import MazeGame

@@ -116,6 +116,44 @@ def step_advantages(
     return out
 
 
+def turn_reward_advantages(
+    turn_rewards: Sequence[Sequence[float]],
+    group_ids: Sequence[Any],
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> list[torch.Tensor]:
+    """Advantages of per-turn rewards, one tensor of turns per episode.
+
+    Every turn of a GRPO group's episodes is scored against the mean of all that group's turns
+    (over their std with ``norm_by_std``): GRPO's group baseline, taken over decisions instead of
+    episodes. A group whose turns all scored alike gives 0.
+    """
+    if len(turn_rewards) != len(group_ids):
+        raise ValueError(
+            f"{len(turn_rewards)} episodes of turn rewards, {len(group_ids)} group ids"
+        )
+    members: dict[Any, list[int]] = {}
+    for e, g in enumerate(group_ids):
+        members.setdefault(g, []).append(e)
+    out = [torch.zeros(len(turns)) for turns in turn_rewards]
+    for episodes in members.values():
+        values = torch.tensor(
+            [float(v) for e in episodes for v in turn_rewards[e]], dtype=torch.float64
+        )
+        if len(values) < 2:
+            continue
+        centred = values - values.mean()
+        if norm_by_std:
+            centred = centred / (values.std() + epsilon)
+        at = 0
+        for e in episodes:
+            k = len(turn_rewards[e])
+            out[e] = centred[at : at + k].to(torch.float32)
+            at += k
+    return out
+
+
 def sequence_advantages(
     per_episode: torch.Tensor,
     counts: Sequence[int],

@@ -47,7 +47,12 @@ from maze_engine.data import (
     read_rows,
     validation_rows,
 )
-from maze_engine.decisions import EVALS_DIR, write_decisions_report, write_eval_records
+from maze_engine.decisions import (
+    EVALS_DIR,
+    good_turns,
+    write_decisions_report,
+    write_eval_records,
+)
 from maze_engine.errors import ConfigError
 from maze_engine.faults import fault
 from maze_engine.grpo import (
@@ -56,6 +61,7 @@ from maze_engine.grpo import (
     policy_loss,
     sequence_advantages,
     step_advantages,
+    turn_reward_advantages,
 )
 from maze_engine.metrics import MetricsSink, mirror_metrics
 from maze_engine.workers import (
@@ -68,9 +74,10 @@ from maze_env.render import Style, write_rendering
 from maze_policy.chat import Batch
 from maze_policy.lora import load_policy
 from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entropy
-from maze_policy.rollout import Episode, run_episodes
+from maze_policy.rollout import Episode, env_extras, run_episodes
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
+from maze_verifier.env import MazeTask
 from weight_sync import BackgroundMirror, fs
 
 if TYPE_CHECKING:
@@ -518,6 +525,18 @@ def _report_metrics(rates: Mapping[str, float]) -> dict[str, float]:
     return {f"eval/{name}/pass_at_1": rate for name, rate in rates.items()}
 
 
+def _good_turns(row: Mapping[str, Any], episode: Episode) -> list[float]:
+    """The verifier's per-turn verdicts on ``episode``, played on ``row``'s maze and budget."""
+    task = MazeTask.from_extras(env_extras(row))
+    good = good_turns(task.maze, episode.replies, task.step_budget)
+    if len(good) != len(episode.sequences):
+        raise RuntimeError(
+            f"replaying row {episode.row_index} played {len(good)} turns, but its episode "
+            f"has {len(episode.sequences)}"
+        )
+    return [float(g) for g in good]
+
+
 class Trainer:
     """Phase 4: the GRPO loop over a prepared dataset and base model."""
 
@@ -545,6 +564,7 @@ class Trainer:
         self.max_turns = config.max_turns
         self.step_weight = float(config.local.step_advantage_weight)
         self.step_gamma = float(config.local.step_advantage_gamma)
+        self.progress_weight = float(config.local.progress_advantage_weight)
         self.train_rows, self.val_rows = data.train, data.validation
         self.model_dir = model_dir
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
@@ -806,8 +826,18 @@ class Trainer:
                     norm_by_std=self.algo.grpo_norm_by_std,
                 )
             ]
-        mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         metrics: dict[str, float] = {}
+        if self.progress_weight > 0:
+            goods = [_good_turns(row, e) for row, e in zip(rows, episodes, strict=True)]
+            progress = turn_reward_advantages(
+                goods, [e.group for e in episodes], norm_by_std=self.algo.grpo_norm_by_std
+            )
+            per_turn = [
+                self.progress_weight * a + (0 if per_turn is None else per_turn[e])
+                for e, a in enumerate(progress)
+            ]
+            metrics["reward/good_turn_rate"] = sum(map(sum, goods)) / max(1, sum(map(len, goods)))
+        mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         torch.manual_seed(
             derive_seed(self.seed, "update", self.global_step)
         )  # LoRA dropout, if any
