@@ -47,6 +47,8 @@ class Replayed:
     came from (the decisions that need the route, not just the walls)."""
     forks_good: int = 0
     """Of those, the turns that moved along a shortest path."""
+    good_turns: tuple[bool, ...] = ()
+    """Per played turn: moved one square closer to the goal, or stopped on it."""
 
 
 def distances(maze: Maze) -> dict[Pos, int]:
@@ -82,24 +84,10 @@ def layout_class(maze: Maze, dist: Mapping[Pos, int] | None = None) -> str:
 def good_turns(maze: Maze, replies: Sequence[str], step_budget: int) -> list[bool]:
     """Per played turn: did it move one square closer to the goal, or stop on the goal?
 
-    The verifier's dense view of an episode: the same rules as :func:`replay`, one verdict per
-    turn the game took (turns after the episode ended are not played).
+    The verifier's dense view of an episode (:attr:`Replayed.good_turns`): one verdict per turn
+    the game took (turns after the episode ended are not played).
     """
-    from maze_env import MazeGame
-
-    dist = distances(maze)
-    game = MazeGame.start(maze, step_budget)
-    out: list[bool] = []
-    for reply in replies:
-        if game.done:
-            break
-        before = game.agent
-        result = game.step(reply)
-        out.append(
-            (result.outcome == "moved" and dist[game.agent] == dist[before] - 1)
-            or (result.outcome == "stopped" and before == maze.goal)
-        )
-    return out
+    return list(replay(maze, replies, step_budget).good_turns)
 
 
 def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
@@ -115,6 +103,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     bumps = recoveries = forks = forks_good = 0
     last_bumped = False
     came_from: Pos | None = None
+    turns_good: list[bool] = []
     for turn, reply in enumerate(replies):
         if game.done:
             break
@@ -122,6 +111,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         ways_on = [p for d in open_ways(maze, before) if (p := moved(before, d)) != came_from]
         result = game.step(reply)
         good = result.outcome == "moved" and dist[game.agent] == dist[before] - 1
+        turns_good.append(good or (result.outcome == "stopped" and before == maze.goal))
         if len(ways_on) > 1 and before != maze.goal:
             forks += 1
             forks_good += good
@@ -149,6 +139,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         solved=game.solved,
         forks=forks,
         forks_good=forks_good,
+        good_turns=tuple(turns_good),
     )
 
 
