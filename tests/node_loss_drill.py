@@ -10,6 +10,12 @@ same job is submitted again, as KubeRay's RayJob does within its ``backoffLimit`
 directory, ``resume_mode=latest``. It must resume from the latest checkpoint and end with the
 adapter an uninterrupted run of the same config ends with, byte for byte.
 
+A retry that fails before it resumes is submitted again, up to the shipped RayJob's
+``backoffLimit`` in all, as RayJob would. One such failure is Ray's: until the head has marked
+the lost node dead (missed health checks), Ray may forward the lease of the retry's job
+supervisor (an actor asking no resources) to that node, and the supervisor dies, before its
+entrypoint runs, once the node is marked dead (``Job supervisor actor died``).
+
 ``test_node_loss_drill.py`` runs it once; as a benchmark, from the repo root::
 
     uv run python tests/node_loss_drill.py --repeats 3
@@ -42,6 +48,7 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).parent))
 import raynodes
+import yaml
 
 WORKER_RESOURCE = "mazerl_rollout"
 """Custom Ray resource only the rollout-worker node declares; the run's workers ask for it."""
@@ -55,10 +62,21 @@ JOB_TIMEOUT_S = 600.0
 DETECT_TIMEOUT_S = 180.0
 """How long a job may take to fail once its workers' node is gone (it must not hang)."""
 _RESUMED = re.compile(r"^resumed from \S+ \(global step (\d+)\)$", re.M)
+_SUBMITTED = re.compile(r"^maze-train: submitted Ray job (\S+) to ", re.M)
+RAYJOB_MANIFEST = Path(__file__).parents[1] / "infra" / "k8s" / "rayjob-train.yaml"
+
+
+def backoff_limit() -> int:
+    """The shipped RayJob's ``backoffLimit``: how often a failed run is submitted again."""
+    return int(yaml.safe_load(RAYJOB_MANIFEST.read_text())["spec"]["backoffLimit"])
 
 
 class DrillError(AssertionError):
     """The drill did not go as a node loss and a retry should."""
+
+
+class JobEndedError(DrillError):
+    """The job ended before what the drill waited for."""
 
 
 def overrides(
@@ -223,7 +241,7 @@ def _wait_for(what: str, done: Any, job: Job, timeout: float = JOB_TIMEOUT_S) ->
     deadline = time.monotonic() + timeout
     while not done():
         if job.proc.poll() is not None:
-            raise DrillError(
+            raise JobEndedError(
                 f"the job ended (exit {job.proc.returncode}) before {what}{_tails(job)}"
             )
         if time.monotonic() > deadline:
@@ -246,6 +264,16 @@ def finish_reference(job: Job, run: Path, steps: int = STEPS) -> Reference:
     if code != 0 or steps_logged(run) != list(range(1, steps + 1)):
         raise DrillError(f"the uninterrupted run failed (exit {code}){_tails(job)}")
     return Reference(job.seconds, adapter_digest(run))
+
+
+@dataclass(frozen=True)
+class FailedRetry:
+    """A resubmission that ended before it resumed (and was submitted again)."""
+
+    said: str
+    """What ``maze-train --submit`` printed on stderr."""
+    job_id: str
+    """Its Ray submission id: ``JobCluster.job_log`` has Ray's whole account of the failure."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +301,8 @@ class Failure:
     """What it printed on stderr."""
     job_error: str
     """The job's own last line about the lost workers (its ``maze-train``'s message)."""
+    failed_retries: tuple[FailedRetry, ...] = ()
+    """Each retry that failed before resuming (each submitted again, as RayJob does)."""
 
     @property
     def steps_lost(self) -> int:
@@ -313,8 +343,9 @@ def drill(
     """Kill node ``worker`` once the run has finished step ``kill_at``, then retry the job.
 
     Raises:
-        DrillError: The job did not fail on its own, the retry did not finish, or it did not
-            resume from the checkpoint the killed attempt left.
+        DrillError: The job did not fail on its own, no retry resumed within the RayJob's
+            ``backoffLimit``, the one that resumed did not finish, or it did not resume from the
+            checkpoint the killed attempt left.
     """
     if not CKPT_INTERVAL <= kill_at < steps:
         raise ValueError(f"kill_at must be in [{CKPT_INTERVAL}, {steps}) so a checkpoint exists")
@@ -335,6 +366,8 @@ def drill(
     # Resubmitted at once, as RayJob retries a failed job; its workers wait for a node with the
     # resource (local.ray.start_timeout_s). Where they land is checked below.
     offset = metrics_size(run)
+    limit = backoff_limit()
+    failed_retries: list[FailedRetry] = []
     retry = submit(cluster, run, f"{run.name}-attempt2", base, steps=steps)
     seen: dict[str, float] = {}  # "dead", "joined": seconds after the kill
     new_id: str | None = None
@@ -351,7 +384,18 @@ def drill(
         marked_dead()
         return _RESUMED.search(retry.stdout) is not None
 
-    _wait_for("a resume", resumed_yet, retry)
+    while True:
+        try:
+            _wait_for("a resume", resumed_yet, retry)
+            break
+        except JobEndedError:
+            job_id = _SUBMITTED.search(retry.stdout)
+            failed_retries.append(FailedRetry(retry.stderr.strip(), job_id[1] if job_id else ""))
+            if len(failed_retries) >= limit:
+                raise
+        retry = submit(
+            cluster, run, f"{run.name}-attempt{len(failed_retries) + 2}", base, steps=steps
+        )
     resumed_s = time.monotonic() - killed
     retry_placed = rollout_worker_nodes(cluster)
     _wait_for("the lost node marked dead", marked_dead, retry)
@@ -375,6 +419,7 @@ def drill(
         exit_code=code,
         reason=first.stderr.strip(),
         job_error=lost[-1] if lost else "",
+        failed_retries=tuple(failed_retries),
     )
     return DrillResult(
         failure=failure,
@@ -419,37 +464,37 @@ def report(ref: Reference, results: Sequence[DrillResult]) -> str:
     """The benchmark's table: per failure, then the means; the uninterrupted run below."""
     lines = [
         "| drill | kill step | resumed from | steps lost | job failed | node marked dead | "
-        "replacement joined | resumed | recovered | drilled run | bit-identical |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "replacement joined | retries | resumed | recovered | drilled run | bit-identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for i, r in enumerate(results, 1):
         f = r.failure
         lines.append(
             f"| {i} | {f.kill_step} | {f.resumed_step} | {f.steps_lost} | {f.detect_s:.1f} s | "
-            f"{f.dead_s:.1f} s | {f.joined_s:.1f} s | {f.resumed_s:.1f} s | "
-            f"{f.recover_s:.1f} s | {r.seconds:.1f} s | "
+            f"{f.dead_s:.1f} s | {f.joined_s:.1f} s | {1 + len(f.failed_retries)} | "
+            f"{f.resumed_s:.1f} s | {f.recover_s:.1f} s | {r.seconds:.1f} s | "
             f"{'yes' if r.digest == ref.digest else 'NO'} |"
         )
     fs = [r.failure for r in results]
     means = [
-        _mean([f.detect_s for f in fs]),
-        _mean([f.dead_s for f in fs]),
-        _mean([f.joined_s for f in fs]),
-        _mean([f.resumed_s for f in fs]),
-        _mean([f.recover_s for f in fs]),
-        _mean([r.seconds for r in results]),
+        f"{_mean([f.detect_s for f in fs]):.1f} s",
+        f"{_mean([f.dead_s for f in fs]):.1f} s",
+        f"{_mean([f.joined_s for f in fs]):.1f} s",
+        f"{_mean([1 + len(f.failed_retries) for f in fs]):.2f}",
+        f"{_mean([f.resumed_s for f in fs]):.1f} s",
+        f"{_mean([f.recover_s for f in fs]):.1f} s",
+        f"{_mean([r.seconds for r in results]):.1f} s",
     ]
+    lines.append(f"| mean | | | {_mean([f.steps_lost for f in fs]):.2f} | {' | '.join(means)} | |")
     lines.append(
-        f"| mean | | | {_mean([f.steps_lost for f in fs]):.2f} | "
-        + " | ".join(f"{m:.1f} s" for m in means)
-        + " | |"
+        f"| uninterrupted | | | | | | | | | | {ref.seconds:.1f} s | sha256 {ref.digest[:16]} |"
     )
     lines.append(
-        f"| uninterrupted | | | | | | | | | {ref.seconds:.1f} s | sha256 {ref.digest[:16]} |"
+        "\nTimes after the SIGKILL, except the two run columns (first submission to the end); "
+        "retries: submissions after the killed job until one resumed."
     )
-    lines.append(
-        "\nTimes after the SIGKILL, except the two run columns (first submission to the end)."
-    )
+    for i, r in enumerate(results, 1):
+        lines += [f"drill {i}, failed retry: {why.said}" for why in r.failure.failed_retries]
     return "\n".join(lines)
 
 

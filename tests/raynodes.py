@@ -228,6 +228,11 @@ class JobCluster:
         """Whether the head no longer reports ``node_id`` alive (it misses health checks first)."""
         return node_id not in self.alive_nodes()
 
+    def job_log(self, submission_id: str) -> str:
+        """The job's driver log on the head: its supervisor's messages, then the entrypoint's."""
+        logs = sorted(self.root.glob(f"head*/session_latest/logs/job-driver-{submission_id}.log"))
+        return logs[-1].read_text(errors="replace") if logs else ""
+
     def kill(self, name: str) -> None:
         """SIGKILL node ``name``: its raylet, its daemons and every worker process it started."""
         self.nodes.pop(name).kill()
@@ -263,7 +268,7 @@ def job_cluster(
     """A :class:`JobCluster` with its head up, torn down on exit.
 
     Its directory is a short one under /tmp, removed afterwards; ``keep`` names where the node
-    logs are copied first.
+    logs (``ray start``'s output and each node's session logs) are copied first.
     """
     cluster = JobCluster(Path(tempfile.mkdtemp(prefix="rj", dir="/tmp")))
     try:
@@ -275,4 +280,7 @@ def job_cluster(
             keep.mkdir(parents=True, exist_ok=True)
             for log in cluster.root.glob("*.log"):
                 shutil.copy(log, keep / log.name)
+            # Each node's own logs (raylet, GCS, job supervisors, workers): why an actor died.
+            for logs in cluster.root.glob("*/session_latest/logs"):
+                shutil.copytree(logs, keep / logs.parents[1].name, dirs_exist_ok=True)
         shutil.rmtree(cluster.root, ignore_errors=True)

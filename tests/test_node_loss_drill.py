@@ -18,6 +18,7 @@ import node_loss_drill as nld
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 KILL_AT = 3  # after step 3 of 4, checkpoints every 2 steps: 1 step lost
+SUPERVISOR_LOST = "The actor died unexpectedly before finishing this task."
 
 
 def test_a_lost_worker_node_fails_the_job_and_the_retry_resumes_bit_identical(
@@ -37,6 +38,7 @@ def test_a_lost_worker_node_fails_the_job_and_the_retry_resumes_bit_identical(
             replacement="worker1",
         )
         ref = nld.finish_reference(ref_job, ref_run)
+        job_logs = {r.job_id: cluster.job_log(r.job_id) for r in result.failure.failed_retries}
     f = result.failure
     print(nld.report(ref, [result]))
     # The rollout workers ran on the node that was killed, the retry's on its replacement.
@@ -51,6 +53,13 @@ def test_a_lost_worker_node_fails_the_job_and_the_retry_resumes_bit_identical(
     assert f.job_error.startswith("maze-train: a rollout worker was lost while "), f.job_error
     assert f.job_error.endswith("resume from the latest checkpoint (global step 2)")
     assert f.detect_s < 60, f.detect_s
+    # A retry submitted before the head marks the lost node dead may have its job supervisor
+    # sent there and fail before it starts; it is submitted again, within RayJob's backoffLimit.
+    # Any other failure before resuming fails the drill (Ray's job log names the node).
+    for why in f.failed_retries:
+        assert why.said.startswith("maze-train: Ray job raysubmit_"), why.said
+        assert why.said.endswith(" failed: Job supervisor actor died: " + SUPERVISOR_LOST)
+        assert f"its node has died. Node Id: {worker}" in job_logs[why.job_id], job_logs
     # The retry resumed from the checkpoint the killed attempt left, and redid only what it lost.
     assert (f.kill_step, f.resumed_step, f.steps_lost) == (KILL_AT, 2, 1)
     assert result.resumed_steps == [3, 4]
