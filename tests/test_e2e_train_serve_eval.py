@@ -1,6 +1,7 @@
 """End to end: train briefly, publish the adapter, the server hot-loads it from weight-sync, and
 maze-eval scores it through the server's HTTP API with the same solve rate as in-process, in the
-whole conversation and in the latest-frame context (trained, served and scored in it)."""
+whole conversation and in the per-turn contexts latest and route (trained, served and scored in
+each)."""
 
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 
-@pytest.fixture(scope="module", params=["full", "latest"])
+@pytest.fixture(scope="module", params=["full", "latest", "route"])
 def trained(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, str]:

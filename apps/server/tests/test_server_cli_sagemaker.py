@@ -268,6 +268,7 @@ def test_context_flag_and_env(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("MAZE_CONTEXT", raising=False)
     assert context() == "full"
     assert context("--context", "latest") == "latest"
+    assert context("--context", "route") == "route"
     monkeypatch.setenv("MAZE_CONTEXT", "recent")
     assert context() == "recent" and context("--context", "full") == "full"
 

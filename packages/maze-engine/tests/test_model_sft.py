@@ -109,6 +109,16 @@ def test_latest_context_demonstrations_show_each_turn_alone(tiny_policy: Policy)
         assert prompt.count(said[t - 1]) == 1 and prompt.index(said[t - 1]) < prompt.index(
             "Turns left"
         )
+    # ``route``: the same replies, each turn's frame asked the route question and nothing else.
+    from maze_policy.contexts import ROUTE_QUESTION
+
+    route, _ = demonstration_sequences(tiny_policy, maze, context="route", reply="action", slack=2)
+    assert replies(route) == replies(turns)
+    for seq, latest in zip(route, turns, strict=True):
+        prompt = str(tok.decode(seq.input_ids[: seq.generated_spans()[0][0]]))
+        assert len(seq.images) == 1 and prompt.count(ROUTE_QUESTION) == 1
+        assert "You are navigating a maze" not in prompt and "Turns left" not in prompt
+        assert seq.pixel_values[0].equal(latest.pixel_values[0])  # the same frame
 
 
 def test_short_sft_lowers_loss_and_raises_action_accuracy(
@@ -229,7 +239,7 @@ def test_route_rehearsal_trains_route_questions_beside_unchanged_demonstrations(
 ) -> None:
     from maze_engine import sft
     from maze_engine.errors import ConfigError
-    from maze_engine.perception import ROUTE_PROMPT
+    from maze_policy.contexts import ROUTE_QUESTION
 
     seen: list[list[Trajectory]] = []
     step = sft.supervised_step
@@ -242,7 +252,7 @@ def test_route_rehearsal_trains_route_questions_beside_unchanged_demonstrations(
     tok = tiny_policy.processor.tokenizer
 
     def asks_the_way(traj: Trajectory) -> bool:
-        return ROUTE_PROMPT in tok.decode(traj.input_ids)
+        return ROUTE_QUESTION in tok.decode(traj.input_ids)
 
     def run(rehearsal: int) -> list[list[Trajectory]]:
         seen.clear()

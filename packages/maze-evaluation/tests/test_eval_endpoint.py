@@ -135,6 +135,23 @@ def test_a_per_turn_context_sends_each_turn_as_the_policy_was_trained(
         EndpointBackend("http://127.0.0.1:1", "oracle", context="window")
 
 
+def test_the_route_context_sends_each_frame_with_the_route_question(tmp_path: Path) -> None:
+    from maze_policy.contexts import ROUTE_QUESTION
+
+    with ScriptedServer() as srv:
+        backend = EndpointBackend(srv.url, "oracle", context="route")
+        recs = evaluate(backend, eval_set=SET, limit=N, out=tmp_path / "r.jsonl", progress=False)
+        bodies = srv.bodies
+    # The scripted oracle reads the maze from the frame alone, so it still solves every maze.
+    assert all(r.solved for r in recs) and len(bodies) == sum(r.turns for r in recs) > N
+    assert all(r.extra == {"context": "route"} for r in recs)
+    for b in bodies:  # the opening too: one user message, its frame, then the question
+        [message] = b["messages"]
+        assert message["role"] == "user"
+        assert [p["type"] for p in message["content"]] == ["image_url", "text"]
+        assert message["content"][1]["text"] == ROUTE_QUESTION
+
+
 def test_samples_use_temperature_and_distinct_seeds(server: ScriptedServer) -> None:
     with ScriptedServer() as srv:
         _, recs = run(srv.url, "oracle", samples=2)

@@ -37,17 +37,20 @@ def test_in_process_tiny_model_gives_valid_records(tiny_model: Path, tmp_path: P
     assert s.episodes == 2 and 0.0 <= s.solve_rate <= 1.0
 
 
-def test_in_process_context_plays_the_trainers_rollout_in_that_context(tiny_model: Path) -> None:
+@pytest.mark.parametrize("context", ["recent", "route"])
+def test_in_process_context_plays_the_trainers_rollout_in_that_context(
+    tiny_model: Path, context: str
+) -> None:
     from maze_evaluation import eval_rows, evaluate, sampling_params
     from maze_policy.rollout import run_episodes
 
-    backend = LocalBackend(tiny_model, batch_size=2, context="recent")
+    backend = LocalBackend(tiny_model, batch_size=2, context=context)
     recs = evaluate(backend, eval_set=SET, limit=2, max_new_tokens=6, progress=False)
     sampling = sampling_params(1, None, 6)
     rows = eval_rows(SET, limit=2)
-    direct = run_episodes(backend.policy, rows, sampling=sampling, seed=0, context="recent")
+    direct = run_episodes(backend.policy, rows, sampling=sampling, seed=0, context=context)
     assert [r.replies for r in recs] == [e.replies for e in direct]
-    assert all(r.extra == {"context": "recent"} for r in recs)
+    assert all(r.extra == {"context": context} for r in recs)
     with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
         LocalBackend(tiny_model, context="window")
 

@@ -297,6 +297,53 @@ def test_recent_context_puts_the_previous_reply_before_the_feedback(tiny_policy:
     assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4
 
 
+def test_route_context_asks_the_route_question_of_each_frame_alone(tiny_policy: Policy) -> None:
+    import pytest
+
+    from maze_env import MazeSpec
+    from maze_env.export import build_rows
+    from maze_policy.contexts import ROUTE_QUESTION
+    from maze_policy.errors import ChatEncodingError
+    from maze_policy.rollout import in_context, route_turn, run_episodes
+
+    rows = build_rows(MazeSpec.parse("5x5"), [1, 2], split="train", slack=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    eps = run_episodes(tiny_policy, rows, sampling=params, seed=7, context="route")
+    enc = tiny_policy.encoder
+    # What the route base was pretrained on: one frame, then the question, nothing else.
+    frame = {
+        "type": "image_url",
+        "image_url": {"url": rows[0]["prompt"][1]["content"][0]["image_url"]["url"]},
+    }
+    asked = [{"role": "user", "content": [frame, {"type": "text", "text": ROUTE_QUESTION}]}]
+    assert route_turn(rows[0]["prompt"]) == asked
+    turns = 0
+    for ep in eps:
+        assert len(ep.turn_trajectories) == ep.turns and len(ep.states) == ep.turns
+        for seq in ep.turn_trajectories:
+            assert len(seq.pixel_values) == 1 and len(seq.generated_spans()) == 1
+            prompt = str(enc.tokenizer.decode(seq.input_ids[: seq.generated_spans()[0][0]]))
+            assert ROUTE_QUESTION in prompt
+            assert "Turns left" not in prompt and "Here is a" not in prompt
+            assert "maze" not in prompt.replace(ROUTE_QUESTION, "")  # no system prompt either
+            turns += 1
+    assert turns > len(rows)
+    assert (
+        enc.start(asked).input_ids == eps[0].turn_trajectories[0].input_ids[: len(enc.start(asked))]
+    )
+    batch = tiny_policy.collate([s for e in eps for s in e.sequences])
+    with torch.no_grad():
+        lp = policy_logprobs(tiny_policy, batch, params)
+    mask = batch.loss_mask.bool()
+    assert float((lp - batch.old_logprobs)[mask].abs().max()) < 1e-4
+    # A conversation whose last user turn has no frame cannot be asked the question.
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "which way?"}]}]
+    with pytest.raises(ChatEncodingError, match="context 'route' answers the frame"):
+        in_context(text_only, "route")
+    with pytest.raises(ChatEncodingError, match="has none"):
+        route_turn([{"role": "system", "content": "s"}])
+
+
 def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     tiny_policy: Policy,
 ) -> None:
@@ -311,7 +358,7 @@ def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     enc = tiny_policy.encoder
     checked = 0
-    for context in ("latest", "recent"):
+    for context in ("latest", "recent", "route"):
         eps = run_episodes(tiny_policy, rows, sampling=params, seed=6, context=context)
         for row, ep in zip(rows, eps, strict=True):
             # Replay the episode's replies on a fresh env, keeping the whole conversation.

@@ -181,7 +181,10 @@ def test_a_per_turn_context_answers_the_turn_the_policy_was_trained_on(
     start_server: ServerFactory, maze_messages: list[dict[str, Any]]
 ) -> None:
     """A client sending the whole conversation gets what the trimmed turn gets, images and all."""
+    from maze_policy.contexts import ROUTE_QUESTION
+
     system, first = maze_messages[0], maze_messages[1:]
+    frame = first[-1]["content"][0]
     feedback = [
         {
             "role": "user",
@@ -208,7 +211,16 @@ def test_a_per_turn_context_answers_the_turn_the_policy_was_trained_on(
     with start_server(context="recent", max_images=4) as url:
         recent = tokens(url, history)
         assert recent == tokens(url, [system, reply, *feedback])
+    question = {"type": "text", "text": ROUTE_QUESTION}
+    with start_server(context="route", max_images=4) as url:
+        # The last frame asked the route question, whatever text came with it.
+        route = tokens(url, history)
+        assert route == tokens(url, [{"role": "user", "content": [frame, question]}])
+        assert tokens(url, maze_messages) == route  # the opening shows the same frame
+        r = chat(url, BASE, [system, {"role": "user", "content": "which way?"}], **kw)
+        assert r.status_code == 400 and "context 'route' answers the frame" in r.text
     with start_server(max_images=4) as url:  # full: the conversation as sent, so over the limit
         r = chat(url, BASE, history, **kw)
         assert r.status_code == 413 and "more than 4 images" in r.text
         assert tokens(url, [system, *feedback]) == latest != recent
+        assert tokens(url, [{"role": "user", "content": [frame, question]}]) == route

@@ -71,7 +71,8 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
         default="full",
         help="what each turn is answered from, as the policy was trained (maze-train's "
         "local.context): full (the whole conversation, default), latest (the system prompt and "
-        "the latest frame) or recent (and the previous reply)",
+        "the latest frame), recent (and the previous reply) or route (the latest frame, asked "
+        "the route question)",
     )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 

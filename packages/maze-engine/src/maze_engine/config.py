@@ -283,12 +283,13 @@ class LocalConfig:
     context: str = "full"
     """What the policy answers each turn from, in rollouts, the warm start's demonstrations and
     every evaluation alike: ``full`` (the whole conversation, VisGym's multi-turn format),
-    ``latest`` (the system prompt and the latest user turn: the current frame and feedback) or
+    ``latest`` (the system prompt and the latest user turn: the current frame and feedback),
     ``recent`` (``latest`` with the policy's previous reply before it, so the feedback on a bump
-    says which move bumped). The cluster path's SkyRL generator keeps the whole conversation,
+    says which move bumped) or ``route`` (the latest frame alone, asked the route base's
+    pretraining question). The cluster path's SkyRL generator keeps the whole conversation,
     so it is ``full`` there."""
     step_advantage_weight: float = 0.0
-    """With context ``latest`` or ``recent``: how much of GiGPO's step-level advantage each turn
+    """With a per-turn context (``latest``, ``recent``, ``route``): how much of GiGPO's step-level advantage each turn
     adds to its episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a
     group answered from the same state (``Episode.states``: the square, and the feedback on the
     last move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
@@ -296,7 +297,7 @@ class LocalConfig:
     """The discount of those returns: reaching the goal in fewer turns from a state is worth
     more."""
     progress_advantage_weight: float = 0.0
-    """With context ``latest`` or ``recent``: how much of a dense, verifier-given turn reward each
+    """With a per-turn context (``latest``, ``recent``, ``route``): how much of a dense, verifier-given turn reward each
     turn adds to its episode's GRPO advantage (0 = episode advantages only). A turn earns 1 when
     its move takes the agent one square closer to the goal or it stops on the goal, else 0
     (``maze_engine.decisions.good_turns``); each turn is scored against all its group's turns
@@ -339,7 +340,7 @@ class LocalConfig:
             if weight > 0 and self.context == "full":
                 raise ConfigError(
                     "per-turn advantages need turns played as their own sequences: "
-                    f"set {LOCAL_KEY}.context=latest or recent",
+                    f"set {LOCAL_KEY}.context=latest, recent or route",
                     key=f"{LOCAL_KEY}.{name}",
                 )
         if not 0 < self.step_advantage_gamma <= 1:

@@ -36,6 +36,7 @@ import torch
 
 from maze_engine.config import MazerlConfig, PerceptionConfig
 from maze_engine.sft import supervised_step
+from maze_policy.contexts import ROUTE_QUESTION
 
 if TYPE_CHECKING:
     from maze_env import Maze
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from maze_policy.policy import Policy
 
 PROMPT = "Transcribe the maze row by row: # wall, . open, A agent, G goal."
-ROUTE_PROMPT = "Which way leads from the blue circle to the red square?"
 SEED_STRIDE = 7_919
 """Distance between the maze seeds of two pretraining seeds' streams (prime, so they rarely meet)."""
 
@@ -184,7 +184,7 @@ def route_example(policy: Policy, frames: Sequence[Maze], *, cell_px: int) -> Tr
     for frame in frames:
         ask = {
             "role": "user",
-            "content": [image_part(renderer.data_uri(frame.start)), text_part(ROUTE_PROMPT)],
+            "content": [image_part(renderer.data_uri(frame.start)), text_part(ROUTE_QUESTION)],
         }
         if traj is None:
             traj = enc.start([ask])

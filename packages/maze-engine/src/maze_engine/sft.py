@@ -83,15 +83,16 @@ def demonstration_sequences(
 
     ``full``: the one conversation. ``latest``: one sequence per turn, the system prompt and
     that turn's user message (its frame and feedback) then the reply; ``recent``: the same with
-    the previous reply before the user message; as :func:`maze_policy.rollout.run_episodes`
-    shows a policy each turn in that context.
+    the previous reply before the user message; ``route``: each turn's frame and the route
+    question, then the reply; as :func:`maze_policy.rollout.run_episodes` shows a policy each
+    turn in that context.
     """
     from maze_env import DEFAULT_SLACK, MazeGame
     from maze_env.agents import ExplorerAgent
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
     from maze_policy.contexts import PER_TURN_CONTEXTS, check_context
-    from maze_policy.rollout import latest_turn
+    from maze_policy.rollout import latest_turn, route_turn
 
     per_turn = check_context(context) in PER_TURN_CONTEXTS
     if demonstrator not in DEMONSTRATORS:
@@ -102,7 +103,8 @@ def demonstration_sequences(
     game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
     opening = initial_messages(maze, game.step_budget, renderer=renderer)
-    traj = enc.start(opening)
+    route_asked = context == "route"
+    traj = enc.start(route_turn(opening) if route_asked else opening)
     sequences = [traj]
     route = iter([d.word for d in maze.optimal_actions] + ["stop"])
     explorer = ExplorerAgent(maze, rng or random.Random(maze.seed))
@@ -117,7 +119,11 @@ def demonstration_sequences(
             break
         message = feedback_message(result, game.agent, game.steps_left, renderer)
         if per_turn:
-            traj = enc.start(latest_turn(opening, [message], text if context == "recent" else None))
+            traj = enc.start(
+                route_turn([message])
+                if route_asked
+                else latest_turn(opening, [message], text if context == "recent" else None)
+            )
             sequences.append(traj)
         else:
             enc.add_user(traj, message)

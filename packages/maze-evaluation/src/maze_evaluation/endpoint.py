@@ -2,7 +2,7 @@
 
 Each turn sends the whole conversation so far (system, user turns with ``image_url`` data URIs,
 assistant replies), as OpenAI clients do, or, for a policy trained in another ``context``
-(``latest``, ``recent``), the part of it that policy answers from. Requests are bounded by a
+(``latest``, ``recent``, ``route``), the part of it that policy answers from. Requests are bounded by a
 semaphore, time out, and are retried with exponential backoff on 429, 5xx and connection errors,
 honouring Retry-After.
 """

@@ -42,8 +42,8 @@ def _parts(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def read_board(messages: Sequence[Mapping[str, Any]]) -> tuple[Maze, tuple[int, int]]:
     """The maze and the agent's square, from the first task text and the latest image.
 
-    A conversation cut to its latest turn (``context`` ``latest``) has no task text: the size
-    then comes from the image itself, whose square (1, 1) is always a cell, never a wall.
+    A conversation cut to its latest turn (context ``latest`` or ``route``) has no task text:
+    the size then comes from the image itself, whose square (1, 1) is always a cell, never a wall.
     """
     size: tuple[int, int] | None = None
     uri: str | None = None

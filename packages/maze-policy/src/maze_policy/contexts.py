@@ -6,12 +6,18 @@ importing the episode loop (which pulls in maze-env and its renderer).
 
 from __future__ import annotations
 
-CONTEXTS = ("full", "latest", "recent")
+CONTEXTS = ("full", "latest", "recent", "route")
 """What each turn is answered from: the whole conversation; the system prompt and the latest
-user turn; or those with the previous reply between them (see ``maze_policy.rollout``)."""
+user turn; those with the previous reply between them; or the latest frame alone, asked
+:data:`ROUTE_QUESTION` (see ``maze_policy.rollout``)."""
 
-PER_TURN_CONTEXTS = ("latest", "recent")
+PER_TURN_CONTEXTS = ("latest", "recent", "route")
 """The contexts that play each turn as its own token sequence."""
+
+ROUTE_QUESTION = "Which way leads from the blue circle to the red square?"
+"""What context ``route`` asks of every frame, in place of the env's text: the question the
+route base (``tiny-qwen3vl-route``) was pretrained to answer, so its task turns read as its
+pretraining did."""
 
 
 def check_context(context: str) -> str:

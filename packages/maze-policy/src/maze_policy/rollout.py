@@ -10,11 +10,12 @@ sampling-time log-probs.
 The ``context`` an episode's turns are answered in is one of
 :data:`~maze_policy.contexts.CONTEXTS`: ``full`` (the whole conversation so far, VisGym's and
 SkyRL's multi-turn format), ``latest`` (the system prompt and the latest user turn only: the
-current frame and the env's feedback) or ``recent`` (``latest`` with the policy's previous
-reply before the user turn, so feedback such as a bump says which move it was about). With
-``latest`` and ``recent`` each turn is its own token sequence, prompt and reply, kept in
-``Episode.turn_trajectories``; a policy that reads one frame at a time never meets the long
-multi-image contexts a small model loses track in.
+current frame and the env's feedback), ``recent`` (``latest`` with the policy's previous
+reply before the user turn, so feedback such as a bump says which move it was about) or
+``route`` (the latest frame alone, asked :data:`~maze_policy.contexts.ROUTE_QUESTION`, for a
+base pretrained on that question). With all but ``full`` each turn is its own token sequence,
+prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame at a
+time never meets the long multi-image contexts a small model loses track in.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from maze_env.export import ENV_CLASS
-from maze_policy.contexts import CONTEXTS, PER_TURN_CONTEXTS, check_context
+from maze_policy.contexts import CONTEXTS, PER_TURN_CONTEXTS, ROUTE_QUESTION, check_context
+from maze_policy.errors import ChatEncodingError
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
 
@@ -37,6 +39,7 @@ __all__ = [  # the context names are re-exported: they were defined here first
     "CONTEXTS",
     "OPENING_STATE",
     "PER_TURN_CONTEXTS",
+    "ROUTE_QUESTION",
     "Episode",
     "check_context",
     "drop_nulls",
@@ -44,6 +47,7 @@ __all__ = [  # the context names are re-exported: they were defined here first
     "in_context",
     "latest_turn",
     "make_env",
+    "route_turn",
     "run_episodes",
     "state_key",
 ]
@@ -63,6 +67,29 @@ def latest_turn(
     return [*(m for m in opening if m.get("role") == "system"), *previous, *observations]
 
 
+_IMAGE_PARTS = ("image", "image_url")
+
+
+def route_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """What a turn is answered from in context ``route``: one user message, frames and question.
+
+    The frames are those of the last user message in ``messages``, the question
+    :data:`ROUTE_QUESTION`. The system prompt and the env's text (task, feedback, turns left)
+    are left out: a base pretrained on that question alone reads its task turns as it read its
+    pretraining. A :class:`~maze_policy.errors.ChatEncodingError` when the last user message
+    has no image.
+    """
+    users = [m for m in messages if m.get("role") == "user"]
+    content = users[-1].get("content") if users else None
+    parts = cast(list[Mapping[str, Any]], content) if isinstance(content, list) else []
+    frames = [p for p in parts if p.get("type") in _IMAGE_PARTS]
+    if not frames:
+        raise ChatEncodingError(
+            "context 'route' answers the frame of the last user message, and it has none"
+        )
+    return [{"role": "user", "content": [*frames, {"type": "text", "text": ROUTE_QUESTION}]}]
+
+
 def in_context(messages: Sequence[Mapping[str, Any]], context: str) -> list[Mapping[str, Any]]:
     """What a policy trained in ``context`` answers a whole conversation from.
 
@@ -70,9 +97,12 @@ def in_context(messages: Sequence[Mapping[str, Any]], context: str) -> list[Mapp
     ``full`` keeps it; ``latest`` keeps its system messages and the messages after the last
     assistant reply, as :func:`latest_turn` builds a turn in training; ``recent`` keeps that
     reply too. A conversation with no reply yet is an opening and is kept whole, as in training.
+    ``route`` answers every turn, the opening too, from :func:`route_turn`.
     """
     if check_context(context) == "full":
         return list(messages)
+    if context == "route":
+        return route_turn(messages)
     replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not replies:
         return list(messages)
@@ -192,6 +222,7 @@ def run_episodes(
 
     per_turn = check_context(context) in PER_TURN_CONTEXTS
     recent = context == "recent"
+    route = context == "route"
     tok = policy.processor.tokenizer
     config = {"inline_images": True, **(env_config or {})}
     envs = [make_env(row, config) for row in rows]
@@ -203,7 +234,7 @@ def run_episodes(
     state: list[str | None] = [OPENING_STATE] * len(rows)
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
         prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
-        traj = policy.encoder.start(prompt)
+        traj = policy.encoder.start(route_turn(prompt) if route else prompt)
         current.append(traj)
         openings.append(prompt)
         episodes.append(
@@ -247,7 +278,9 @@ def run_episodes(
             observations = cast(Sequence[Mapping[str, Any]], out["observations"])
             if per_turn:
                 current[i] = policy.encoder.start(
-                    latest_turn(openings[i], observations, text if recent else None)
+                    route_turn(observations)
+                    if route
+                    else latest_turn(openings[i], observations, text if recent else None)
                 )
             else:
                 for message in observations:

@@ -328,7 +328,10 @@ def _generation_request(body: ChatCompletionRequest, config: EngineConfig) -> Ge
         raise BadRequestError("the last message must have role 'user'")
     # Cut before the image limits: a long conversation a per-turn policy answers from one frame
     # is not refused for the frames it never reads.
-    messages = in_context(messages, config.context)
+    try:
+        messages = in_context(messages, config.context)
+    except ChatEncodingError as exc:  # e.g. context route and a last turn with no frame
+        raise BadRequestError(str(exc)) from exc
     check_images(messages, config)
     params, seed = sampling_from_request(
         temperature=body.temperature,

@@ -104,8 +104,8 @@ class EngineConfig:
     docstring); a request arriving alone never waits."""
     context: str = "full"
     """What each request is answered from, as the served policy was trained (maze-train's
-    ``local.context``): ``full`` answers the conversation as sent; ``latest`` and ``recent``
-    answer the part of it the policy saw in training (``maze_policy.rollout.in_context``), so
+    ``local.context``): ``full`` answers the conversation as sent; ``latest``, ``recent`` and
+    ``route`` answer the part of it the policy saw in training (``maze_policy.rollout.in_context``), so
     OpenAI clients that send the whole conversation get the policy's trained behaviour."""
 
     def __post_init__(self) -> None:
