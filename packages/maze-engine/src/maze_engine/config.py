@@ -289,19 +289,20 @@ class LocalConfig:
     pretraining question). The cluster path's SkyRL generator keeps the whole conversation,
     so it is ``full`` there."""
     step_advantage_weight: float = 0.0
-    """With a per-turn context (``latest``, ``recent``, ``route``): how much of GiGPO's step-level advantage each turn
-    adds to its episode's GRPO advantage (0 = episode advantages only; GiGPO uses 1). Turns of a
-    group answered from the same state (``Episode.states``: the square, and the feedback on the
-    last move) are compared by their discounted returns (``maze_engine.grpo.step_advantages``)."""
+    """With a per-turn context (``latest``, ``recent``, ``route``): how much of GiGPO's step-level
+    advantage each turn adds to its episode's GRPO advantage (0 = episode advantages only; GiGPO
+    uses 1). Turns of a group answered from the same state (``Episode.states``: the square, and the
+    feedback on the last move) are compared by their discounted returns
+    (``maze_engine.grpo.step_advantages``)."""
     step_advantage_gamma: float = 0.95
     """The discount of those returns: reaching the goal in fewer turns from a state is worth
     more."""
     progress_advantage_weight: float = 0.0
-    """With a per-turn context (``latest``, ``recent``, ``route``): how much of a dense, verifier-given turn reward each
-    turn adds to its episode's GRPO advantage (0 = episode advantages only). A turn earns 1 when
-    its move takes the agent one square closer to the goal or it stops on the goal, else 0
-    (``maze_engine.decisions.good_turns``); each turn is scored against all its group's turns
-    (``maze_engine.grpo.turn_reward_advantages``)."""
+    """With a per-turn context (``latest``, ``recent``, ``route``): how much of a dense,
+    verifier-given turn reward each turn adds to its episode's GRPO advantage (0 = episode
+    advantages only). A turn earns 1 when its move takes the agent one square closer to the goal
+    or it stops on the goal, else 0 (``maze_engine.decisions.good_turns``); each turn is scored
+    against all its group's turns (``maze_engine.grpo.turn_reward_advantages``)."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
