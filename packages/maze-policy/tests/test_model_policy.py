@@ -344,6 +344,39 @@ def test_route_context_asks_the_route_question_of_each_frame_alone(tiny_policy: 
         route_turn([{"role": "system", "content": "s"}])
 
 
+def test_turn_messages_per_context_and_route_keeps_every_frame_the_encoder_reads() -> None:
+    import pytest
+    from PIL import Image
+
+    from maze_policy.chat import message_images
+    from maze_policy.contexts import ROUTE_QUESTION
+    from maze_policy.rollout import route_turn, turn_messages
+
+    img = Image.new("RGB", (4, 4), "red")
+    system = {"role": "system", "content": "s"}
+    opening = [
+        system,
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": img}, {"type": "text", "text": "t"}],
+        },
+    ]
+    # A frame part without a "type" key: the encoder shows it, so route must keep it.
+    later = [{"role": "user", "content": [{"image": img}, {"type": "text", "text": "bumped"}]}]
+    assert len(message_images(later[0])) == 1
+    (asked,) = turn_messages("route", opening, later, "right")
+    assert asked["content"] == [{"image": img}, {"type": "text", "text": ROUTE_QUESTION}]
+    assert turn_messages("route", opening) == route_turn(opening)
+    assert turn_messages("latest", opening) == opening == turn_messages("full", opening)
+    assert turn_messages("latest", opening, later, "right") == [system, *later]
+    reply = {"role": "assistant", "content": "right"}
+    assert turn_messages("recent", opening, later, "right") == [system, reply, *later]
+    with pytest.raises(ValueError, match="no turn of its own"):
+        turn_messages("full", opening, later)
+    with pytest.raises(ValueError, match="context must be one of"):
+        turn_messages("nearest", opening)
+
+
 def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     tiny_policy: Policy,
 ) -> None:

@@ -92,7 +92,7 @@ def demonstration_sequences(
     from maze_env.prompts import action_reply, feedback_message, initial_messages, oracle_reply
     from maze_env.render import Renderer
     from maze_policy.contexts import PER_TURN_CONTEXTS, check_context
-    from maze_policy.rollout import latest_turn, route_turn
+    from maze_policy.rollout import turn_messages
 
     per_turn = check_context(context) in PER_TURN_CONTEXTS
     if demonstrator not in DEMONSTRATORS:
@@ -103,8 +103,7 @@ def demonstration_sequences(
     game = MazeGame.start(maze, slack=DEFAULT_SLACK if slack is None else slack)
     enc = policy.encoder
     opening = initial_messages(maze, game.step_budget, renderer=renderer)
-    route_asked = context == "route"
-    traj = enc.start(route_turn(opening) if route_asked else opening)
+    traj = enc.start(turn_messages(context, opening))
     sequences = [traj]
     route = iter([d.word for d in maze.optimal_actions] + ["stop"])
     explorer = ExplorerAgent(maze, rng or random.Random(maze.seed))
@@ -119,11 +118,7 @@ def demonstration_sequences(
             break
         message = feedback_message(result, game.agent, game.steps_left, renderer)
         if per_turn:
-            traj = enc.start(
-                route_turn([message])
-                if route_asked
-                else latest_turn(opening, [message], text if context == "recent" else None)
-            )
+            traj = enc.start(turn_messages(context, opening, [message], text))
             sequences.append(traj)
         else:
             enc.add_user(traj, message)

@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from PIL import Image
 
+from maze_policy.contexts import is_image_part
 from maze_policy.errors import ChatEncodingError
 
 Message = Mapping[str, Any]
@@ -126,12 +127,14 @@ def message_images(message: Message) -> list[Image.Image]:
         if not isinstance(part, Mapping):
             raise ChatEncodingError(f"content part must be a mapping, got {type(part).__name__}")
         p = cast(Mapping[str, Any], part)
+        if not is_image_part(p):
+            continue
         if "image_url" in p:
             url: Any = p["image_url"]
             if isinstance(url, Mapping):
                 url = cast(Mapping[str, Any], url).get("url")
             out.append(decode_data_uri(cast(str, url)))
-        elif "image" in p or p.get("type") == "image":
+        else:
             img = p.get("image", p.get("url"))
             if isinstance(img, Image.Image):
                 # An env's inline frame is RGB already: hand it over as is, no copy.

@@ -6,6 +6,9 @@ importing the episode loop (which pulls in maze-env and its renderer).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 CONTEXTS = ("full", "latest", "recent", "route")
 """What each turn is answered from: the whole conversation; the system prompt and the latest
 user turn; those with the previous reply between them; or the latest frame alone, asked
@@ -25,3 +28,12 @@ def check_context(context: str) -> str:
     if context not in CONTEXTS:
         raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
     return context
+
+
+def is_image_part(part: Mapping[str, Any]) -> bool:
+    """Whether a message's content ``part`` carries an image.
+
+    It does with an ``image_url`` or ``image`` key, or ``type`` ``image``: the one rule of the
+    encoder and of context ``route``, so ``route`` never drops a frame the model would be shown.
+    """
+    return "image_url" in part or "image" in part or part.get("type") == "image"

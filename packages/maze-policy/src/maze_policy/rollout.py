@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from maze_env.export import ENV_CLASS
-from maze_policy.contexts import CONTEXTS, PER_TURN_CONTEXTS, ROUTE_QUESTION, check_context
+from maze_policy.contexts import (
+    CONTEXTS,
+    PER_TURN_CONTEXTS,
+    ROUTE_QUESTION,
+    check_context,
+    is_image_part,
+)
 from maze_policy.errors import ChatEncodingError
 from maze_policy.sampling import SamplingParams
 from maze_policy.seeds import derive_seed
@@ -50,6 +56,7 @@ __all__ = [  # the context names are re-exported: they were defined here first
     "route_turn",
     "run_episodes",
     "state_key",
+    "turn_messages",
 ]
 
 
@@ -67,9 +74,6 @@ def latest_turn(
     return [*(m for m in opening if m.get("role") == "system"), *previous, *observations]
 
 
-_IMAGE_PARTS = ("image", "image_url")
-
-
 def route_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """What a turn is answered from in context ``route``: one user message, frames and question.
 
@@ -82,12 +86,35 @@ def route_turn(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
     users = [m for m in messages if m.get("role") == "user"]
     content = users[-1].get("content") if users else None
     parts = cast(list[Mapping[str, Any]], content) if isinstance(content, list) else []
-    frames = [p for p in parts if p.get("type") in _IMAGE_PARTS]
+    frames = [p for p in parts if is_image_part(p)]
     if not frames:
         raise ChatEncodingError(
             "context 'route' answers the frame of the last user message, and it has none"
         )
     return [{"role": "user", "content": [*frames, {"type": "text", "text": ROUTE_QUESTION}]}]
+
+
+def turn_messages(
+    context: str,
+    opening: Sequence[Mapping[str, Any]],
+    observations: Sequence[Mapping[str, Any]] | None = None,
+    previous_reply: str | None = None,
+) -> list[Mapping[str, Any]]:
+    """What one turn of an episode is answered from in ``context``: rollouts and demonstrations.
+
+    The opening turn (no ``observations``) is the env's ``opening`` messages, in ``route`` its
+    frame and the question. A later turn, whose user messages are ``observations`` and which
+    follows the policy's ``previous_reply``, is :func:`latest_turn` in ``latest`` and ``recent``
+    (the reply kept in ``recent`` only) and :func:`route_turn` in ``route``. In ``full`` a later
+    turn extends the one conversation instead, so asking for one is a ValueError.
+    """
+    if check_context(context) == "route":
+        return route_turn(opening if observations is None else observations)
+    if observations is None:
+        return list(opening)
+    if context not in PER_TURN_CONTEXTS:
+        raise ValueError(f"context {context!r} has no turn of its own after the opening")
+    return latest_turn(opening, observations, previous_reply if context == "recent" else None)
 
 
 def in_context(messages: Sequence[Mapping[str, Any]], context: str) -> list[Mapping[str, Any]]:
@@ -221,8 +248,6 @@ def run_episodes(
     from maze_policy.chat import Trajectory
 
     per_turn = check_context(context) in PER_TURN_CONTEXTS
-    recent = context == "recent"
-    route = context == "route"
     tok = policy.processor.tokenizer
     config = {"inline_images": True, **(env_config or {})}
     envs = [make_env(row, config) for row in rows]
@@ -234,7 +259,7 @@ def run_episodes(
     state: list[str | None] = [OPENING_STATE] * len(rows)
     for i, (row, env) in enumerate(zip(rows, envs, strict=True)):
         prompt = cast(Sequence[Mapping[str, Any]], env.init(drop_nulls(row["prompt"]))[0])
-        traj = policy.encoder.start(route_turn(prompt) if route else prompt)
+        traj = policy.encoder.start(turn_messages(context, prompt))
         current.append(traj)
         openings.append(prompt)
         episodes.append(
@@ -278,9 +303,7 @@ def run_episodes(
             observations = cast(Sequence[Mapping[str, Any]], out["observations"])
             if per_turn:
                 current[i] = policy.encoder.start(
-                    route_turn(observations)
-                    if route
-                    else latest_turn(openings[i], observations, text if recent else None)
+                    turn_messages(context, openings[i], observations, text)
                 )
             else:
                 for message in observations:
