@@ -264,6 +264,7 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
         "generator.max_turns=5",  # tiny-64's 4 moves + stop: no slack
         "local.warm_start.steps=2",
         "local.warm_start.route_rehearsal=2",
+        "local.route_rehearsal=2",
         "local.context=latest",
         "local.rollout_workers=0",
         "mazes.train_size=4",
@@ -276,7 +277,8 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     m = re.search(
         r"tiny-64 solve rate: random init ([\d.]+)% -> warm start "
         r"\(2 oracle steps \+ 2 route questions each\) "
-        r"([\d.]+)% -> GRPO ([\d.]+)% \(global step 1\)",
+        r"([\d.]+)% -> GRPO ([\d.]+)% "
+        r"\(global step 1; 2 route questions rehearsed after each update\)",
         proc.stdout,
     )
     assert m, proc.stdout

@@ -185,3 +185,63 @@ def test_step_advantages_refuse_episodes_without_states(
     )
     with pytest.raises(ConfigError, match=r"local\.step_advantage_weight: needs each turn's state"):
         train(config, say=lambda _m: None)
+
+
+def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``local.route_rehearsal``: after each step's GRPO update, one step on that many route
+    questions, drawn from the run's seed and the global step (so a resume draws them again)."""
+    import torch
+
+    from maze_engine import sft
+    from maze_engine.config import load_config
+    from maze_engine.trainer import Trainer, train
+    from maze_policy.seeds import derive_seed
+
+    seeds: list[int] = []
+    moved: list[bool] = []
+    batch, rehearse = sft.route_rehearsal_batch, Trainer._rehearse_routes  # pyright: ignore[reportPrivateUsage]
+
+    def record_batch(*args: Any, **kwargs: Any) -> Any:
+        seeds.append(kwargs["seed"])
+        return batch(*args, **kwargs)
+
+    def record_step(self: Trainer) -> float:
+        before = [p.detach().clone() for p in self.params]
+        loss = rehearse(self)
+        moved.append(any(not torch.equal(a, p) for a, p in zip(before, self.params, strict=True)))
+        return loss
+
+    monkeypatch.setattr(sft, "route_rehearsal_batch", record_batch)
+    monkeypatch.setattr(Trainer, "_rehearse_routes", record_step)
+    config = load_config(
+        "smoke_5x5",
+        [
+            f"trainer.export_path={tmp_path / 'run'}",
+            "local.warm_start.steps=0",
+            "trainer.max_training_steps=2",
+            "trainer.train_batch_size=1",
+            "trainer.policy_mini_batch_size=1",
+            "trainer.micro_train_batch_size_per_gpu=2",
+            "trainer.micro_forward_batch_size_per_gpu=2",
+            "generator.n_samples_per_prompt=2",
+            "generator.sampling_params.max_generate_length=8",
+            "generator.max_turns=5",
+            "trainer.eval_interval=0",
+            "trainer.eval_before_train=false",
+            "local.rollout_workers=0",
+            "local.context=route",
+            "local.route_rehearsal=2",
+            "mazes.train_size=4",
+            "local.progress=false",
+            "local.tensorboard=false",
+        ],
+    )
+    result = train(config, say=lambda _m: None)
+    steps = [row for row in result.history if "policy/grad_norm" in row]
+    assert len(steps) == 2
+    assert all(row["policy/route_rehearsal_loss"] > 0 for row in steps)
+    seed = int(config.skyrl.trainer.seed)
+    assert seeds == [derive_seed(seed, "grpo-route-rehearsal", step) for step in (0, 1)]
+    assert moved == [True, True]

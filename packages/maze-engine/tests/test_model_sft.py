@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -273,6 +274,51 @@ def test_route_rehearsal_trains_route_questions_beside_unchanged_demonstrations(
     assert [t.input_ids for t in rehearsed[0][-3:]] != [t.input_ids for t in rehearsed[1][-3:]]
     with pytest.raises(ConfigError, match="route_rehearsal"):
         WarmStartConfig(route_rehearsal=-1).validate()
+
+
+def test_a_grpo_steps_route_questions_come_from_its_seed_alone(
+    tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_engine import perception
+    from maze_engine.config import LocalConfig
+    from maze_engine.errors import ConfigError
+    from maze_engine.sft import route_rehearsal_batch
+    from maze_env import MazeSpec
+    from maze_policy.contexts import ROUTE_QUESTION
+
+    drawn: list[str] = []
+    draw_route = perception.draw_route
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        frames = draw_route(*args, **kwargs)
+        drawn.extend(m.layout_hash() for m in frames)
+        return frames
+
+    monkeypatch.setattr(perception, "draw_route", spy)
+
+    def draw(seed: int, avoid: frozenset[str] = frozenset()) -> list[list[int]]:
+        batch = route_rehearsal_batch(
+            tiny_policy, 3, spec="5x5", seed=seed, cell_px=32, avoid=avoid
+        )
+        assert len(batch) == 3 and all(t.num_generated > 0 for t in batch)
+        assert all(
+            ROUTE_QUESTION in tiny_policy.processor.tokenizer.decode(t.input_ids) for t in batch
+        )
+        return [t.input_ids for t in batch]
+
+    # No state between calls: a resumed run draws a step's questions again, token for token.
+    assert draw(11) == draw(11) != draw(12)
+    # A layout to avoid is never drawn: with all 5x5 layouts but one banned, every question
+    # shows that one.
+    spec = MazeSpec.parse("5x5")
+    hashes = {generate(spec, s).layout_hash() for s in range(200)}
+    assert len(hashes) > 1
+    keep = generate(spec, 0).layout_hash()
+    drawn.clear()
+    draw(11, frozenset(hashes - {keep}))
+    assert drawn == [keep] * 3
+    with pytest.raises(ConfigError, match=r"local\.route_rehearsal"):
+        LocalConfig(route_rehearsal=-1).validate()
 
 
 def test_decision_weight_counts_the_justification_and_action_tokens_that_many_times(

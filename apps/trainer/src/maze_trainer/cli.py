@@ -277,7 +277,10 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
             f"{result.base_label} {_pct(result.base_solve_rate)} -> warm start ({recipe}) "
             f"{_pct(result.eval_before)} -> GRPO {_pct(result.eval_after)}"
         )
-    print(f"{config.mazes.eval_set} solve rate: {stages} (global step {result.global_step})")
+    steps = f"global step {result.global_step}"
+    if config.local.route_rehearsal:  # a supervised term beside GRPO's: say so with its result
+        steps += f"; {config.local.route_rehearsal} route questions rehearsed after each update"
+    print(f"{config.mazes.eval_set} solve rate: {stages} ({steps})")
     for name, (before, after) in result.reports.items():
         print(f"{name} solve rate: before GRPO {_pct(before)} -> after {_pct(after)}")
     print(f"final adapter: {result.final_adapter}")

@@ -303,6 +303,13 @@ class LocalConfig:
     advantages only). A turn earns 1 when its move takes the agent one square closer to the goal
     or it stops on the goal, else 0 (``maze_engine.decisions.good_turns``); each turn is scored
     against all its group's turns (``maze_engine.grpo.turn_reward_advantages``)."""
+    route_rehearsal: int = 0
+    """Route-question examples (as ``warm_start.route_rehearsal``, on fresh training-size mazes
+    outside every held-out layout) trained after each GRPO step's update, one supervised step
+    on the LoRA weights with the GRPO optimizer, as InstructGPT's PPO-ptx mixes pretraining
+    gradients into RL: GRPO on a few training layouts otherwise wears away the base's reading
+    of new ones. Each step's questions are drawn from its global step, so a resumed run repeats
+    them. 0 = none (SkyRL's GRPO; the cluster path has no such step)."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
@@ -320,7 +327,7 @@ class LocalConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first ``local.*`` key with a bad value."""
-        _at_least(self, LOCAL_KEY, rollout_workers=0, torch_threads=1)
+        _at_least(self, LOCAL_KEY, rollout_workers=0, torch_threads=1, route_rehearsal=0)
         from maze_policy.contexts import CONTEXTS
 
         if self.context not in CONTEXTS:

@@ -17,7 +17,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -317,24 +317,62 @@ def _route_rehearsal(
     Without them a full fine-tune on the task's prompt overwrites the route skill the base was
     pretrained for instead of reusing it (docs/experiments: route rehearsal).
     """
-    import itertools
-
-    from maze_engine.perception import draw_route, held_out_layouts, route_example
-
     if not count:
         return lambda: []
-    rng = random.Random(derive_seed(seed, "route-rehearsal"))
-    # Its own maze stream: the demonstrations' seeds stay what they are without rehearsal.
-    seeds = itertools.count(rng.randrange(2**40, 2**41))
-    banned = {*avoid, *held_out_layouts()}
+    # One stream for the whole warm start, apart from the demonstrations' maze seeds.
+    rng, seeds = _route_stream(derive_seed(seed, "route-rehearsal"))
+    banned = _rehearsal_banned(avoid)
+    return lambda: _route_questions(
+        policy, count, rng=rng, seeds=seeds, spec=spec, banned=banned, cell_px=cell_px
+    )
 
-    def draw() -> list[Trajectory]:
-        return [
-            route_example(policy, draw_route(rng, spec, seeds, banned, 1), cell_px=cell_px)
-            for _ in range(count)
-        ]
 
-    return draw
+def route_rehearsal_batch(
+    policy: Policy, count: int, *, spec: str, seed: int, cell_px: int, avoid: Collection[str]
+) -> list[Trajectory]:
+    """``count`` route-question examples drawn from ``seed`` alone, for one GRPO step.
+
+    Stateless, so a resumed run draws the step's questions again: the trainer seeds each step's
+    batch from its global step. Mazes of ``spec`` whose layout is in ``avoid`` or in a held-out
+    eval set are never drawn.
+    """
+    rng, seeds = _route_stream(seed)
+    banned = _rehearsal_banned(avoid)
+    return _route_questions(
+        policy, count, rng=rng, seeds=seeds, spec=spec, banned=banned, cell_px=cell_px
+    )
+
+
+def _route_stream(seed: int) -> tuple[random.Random, Iterator[int]]:
+    import itertools
+
+    rng = random.Random(seed)
+    # Maze seeds far above the training rows' and the demonstrations', so none is repeated.
+    return rng, itertools.count(rng.randrange(2**40, 2**41))
+
+
+def _rehearsal_banned(avoid: Collection[str]) -> set[str]:
+    from maze_engine.perception import held_out_layouts
+
+    return {*avoid, *held_out_layouts()}
+
+
+def _route_questions(
+    policy: Policy,
+    count: int,
+    *,
+    rng: random.Random,
+    seeds: Iterator[int],
+    spec: str,
+    banned: set[str],
+    cell_px: int,
+) -> list[Trajectory]:
+    from maze_engine.perception import draw_route, route_example
+
+    return [
+        route_example(policy, draw_route(rng, spec, seeds, banned, 1), cell_px=cell_px)
+        for _ in range(count)
+    ]
 
 
 def run_sft(

@@ -565,6 +565,7 @@ class Trainer:
         self.step_weight = float(config.local.step_advantage_weight)
         self.step_gamma = float(config.local.step_advantage_gamma)
         self.progress_weight = float(config.local.progress_advantage_weight)
+        self.route_rehearsal = int(config.local.route_rehearsal)
         self.train_rows, self.val_rows = data.train, data.validation
         self.model_dir = model_dir
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
@@ -777,6 +778,25 @@ class Trainer:
             out[name] = float(np.mean([float(e.solved) for e in eps]))
         return out
 
+    def _rehearse_routes(self) -> float:
+        """One supervised step on this step's route questions (``local.route_rehearsal``)."""
+        from maze_engine.sft import route_rehearsal_batch, sft_loss
+
+        questions = route_rehearsal_batch(
+            self.policy,
+            self.route_rehearsal,
+            spec=self.config.mazes.train_preset,
+            seed=derive_seed(self.seed, "grpo-route-rehearsal", self.global_step),
+            cell_px=self.config.mazes.cell_px,
+            avoid=held_out_hashes(self.config),
+        )
+        loss = sft_loss(self.policy, questions)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # pyright: ignore[reportUnknownMemberType]
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()  # pyright: ignore[reportUnknownMemberType]
+        return float(loss.detach())
+
     def train_step(self) -> dict[str, float]:
         """One GRPO step: rollouts, advantages, policy update(s), adapter publish and sync."""
         t_step = time.perf_counter()
@@ -890,6 +910,8 @@ class Trainer:
                 metrics.update(update)
                 self.scheduler.step()
         metrics["policy/rollout_train_logprob_abs_diff_max"] = drift
+        if self.route_rehearsal:
+            metrics["policy/route_rehearsal_loss"] = self._rehearse_routes()
         self.policy.model.eval()
         t_train = time.perf_counter() - t0
 
