@@ -278,18 +278,26 @@ def test_the_held_out_config_trains_on_no_eval_layout_and_its_base_verifies(
     assert held_out_hashes(overlap) == frozenset()
 
 
-def test_the_route_base_records_its_recipe_and_the_base_it_started_from() -> None:
+@pytest.mark.parametrize(
+    ("name", "init", "forks"),
+    [
+        ("tiny-qwen3vl-route", "tiny-qwen3vl-perception", 0.9),
+        ("tiny-qwen3vl-route-v2", "tiny-qwen3vl-route", 0.95),
+    ],
+)
+def test_the_route_bases_record_their_recipe_and_the_base_they_started_from(
+    name: str, init: str, forks: float
+) -> None:
     import json
 
-    route = artifacts.artifact_path("tiny-qwen3vl-route")
+    route = artifacts.artifact_path(name)
     recipe = json.loads((route / "recipe.json").read_text())
-    perception = artifacts.artifact_path("tiny-qwen3vl-perception")
-    manifest = json.loads((perception / "manifest.json").read_text())
-    assert recipe["init"] == "tiny-qwen3vl-perception"
+    manifest = json.loads((artifacts.artifact_path(init) / "manifest.json").read_text())
+    assert recipe["init"] == init
     assert recipe["init_weights_sha256"] == manifest["files"]["model.safetensors"]["sha256"]
     assert recipe["command"].startswith("maze-train pretrain ")
     settings = recipe["perception"]
     assert settings["route_share"] > 0 and recipe["steps_done"] == settings["steps"]
     assert {"small-64", "easy-64"} <= set(recipe["held_out_sets"])
     # What it measured on held-out routes is recorded with it (a route square is asked alone).
-    assert recipe["reading"]["small-64/route_forks"] > 0.9
+    assert recipe["reading"]["small-64/route_forks"] > forks
