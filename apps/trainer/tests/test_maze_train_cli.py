@@ -213,7 +213,7 @@ def test_warm_start_trains_evaluates_and_saves_a_loadable_model(tmp_path: Path) 
         "local.warm_start.max_new_tokens=8",
     )
     assert pretrained.returncode == 0, pretrained.stderr[-3000:]
-    assert "base: tiny-qwen3vl-route" in pretrained.stdout
+    assert "base: tiny-qwen3vl-route-v2" in pretrained.stdout
     assert "before: small-64 solve" in pretrained.stdout
 
 
