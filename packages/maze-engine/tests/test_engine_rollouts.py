@@ -146,7 +146,6 @@ def test_step_advantages_refuse_episodes_without_states(
 ) -> None:
     """An env whose steps name no agent square leaves ``Episode.states`` empty: the run stops
     naming the key instead of comparing turns it cannot place."""
-    from maze_engine.config import load_config
     from maze_engine.errors import ConfigError
     from maze_engine.trainer import train
     from maze_policy.rollout import Episode
@@ -160,28 +159,8 @@ def test_step_advantages_refuse_episodes_without_states(
         return episodes
 
     monkeypatch.setattr(Rollouts, "run", stateless)
-    config = load_config(
-        "smoke_5x5",
-        [
-            f"trainer.export_path={tmp_path / 'run'}",
-            "local.warm_start.steps=0",
-            "trainer.max_training_steps=1",
-            "trainer.train_batch_size=1",
-            "trainer.policy_mini_batch_size=1",
-            "trainer.micro_train_batch_size_per_gpu=2",
-            "trainer.micro_forward_batch_size_per_gpu=2",
-            "generator.n_samples_per_prompt=2",
-            "generator.sampling_params.max_generate_length=8",
-            "generator.max_turns=5",
-            "trainer.eval_interval=0",
-            "trainer.eval_before_train=false",
-            "local.rollout_workers=0",
-            "local.context=latest",
-            "local.step_advantage_weight=1.0",
-            "mazes.train_size=4",
-            "local.progress=false",
-            "local.tensorboard=false",
-        ],
+    config = _one_prompt_run(
+        tmp_path, 1, ["local.context=latest", "local.step_advantage_weight=1.0"]
     )
     with pytest.raises(ConfigError, match=r"local\.step_advantage_weight: needs each turn's state"):
         train(config, say=lambda _m: None)
@@ -195,7 +174,6 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
     import torch
 
     from maze_engine import sft
-    from maze_engine.config import load_config
     from maze_engine.trainer import Trainer, train
     from maze_policy.seeds import derive_seed
 
@@ -215,12 +193,26 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
 
     monkeypatch.setattr(sft, "route_rehearsal_batch", record_batch)
     monkeypatch.setattr(Trainer, "_rehearse_routes", record_step)
-    config = load_config(
+    config = _one_prompt_run(tmp_path, 2, ["local.context=route", "local.route_rehearsal=2"])
+    result = train(config, say=lambda _m: None)
+    steps = [row for row in result.history if "policy/grad_norm" in row]
+    assert len(steps) == 2
+    assert all(row["policy/route_rehearsal_loss"] > 0 for row in steps)
+    seed = int(config.skyrl.trainer.seed)
+    assert seeds == [derive_seed(seed, "grpo-route-rehearsal", step) for step in (0, 1)]
+    assert moved == [True, True]
+
+
+def _one_prompt_run(tmp_path: Path, steps: int, overrides: list[str]) -> Any:
+    """A smoke run of ``steps`` GRPO steps on one prompt of two samples, no warm start or eval."""
+    from maze_engine.config import load_config
+
+    return load_config(
         "smoke_5x5",
         [
             f"trainer.export_path={tmp_path / 'run'}",
             "local.warm_start.steps=0",
-            "trainer.max_training_steps=2",
+            f"trainer.max_training_steps={steps}",
             "trainer.train_batch_size=1",
             "trainer.policy_mini_batch_size=1",
             "trainer.micro_train_batch_size_per_gpu=2",
@@ -231,17 +223,9 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
             "trainer.eval_interval=0",
             "trainer.eval_before_train=false",
             "local.rollout_workers=0",
-            "local.context=route",
-            "local.route_rehearsal=2",
             "mazes.train_size=4",
             "local.progress=false",
             "local.tensorboard=false",
+            *overrides,
         ],
     )
-    result = train(config, say=lambda _m: None)
-    steps = [row for row in result.history if "policy/grad_norm" in row]
-    assert len(steps) == 2
-    assert all(row["policy/route_rehearsal_loss"] > 0 for row in steps)
-    seed = int(config.skyrl.trainer.seed)
-    assert seeds == [derive_seed(seed, "grpo-route-rehearsal", step) for step in (0, 1)]
-    assert moved == [True, True]
