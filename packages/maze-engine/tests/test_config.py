@@ -24,6 +24,7 @@ from maze_engine.config import (
 )
 from maze_engine.data import eval_slack
 from maze_engine.errors import ConfigError, MazeEngineError
+from maze_engine.schema import LR_SCHEDULERS
 from maze_env import DEFAULT_SLACK, get_eval_set
 
 
@@ -354,6 +355,11 @@ def test_unknown_key_is_named_with_suggestions(override: str, key: str, hint: st
             "trainer.policy.model.lora.sync_mode=nfs",
             "trainer.policy.model.lora.sync_mode",
             ("disk", "memory"),
+        ),
+        (  # needs a metric to step on, which SkyRL's worker never passes
+            "trainer.policy.optimizer_config.scheduler=reduce_lr_on_plateau",
+            "trainer.policy.optimizer_config.scheduler",
+            LR_SCHEDULERS,
         ),
     ],
 )

@@ -203,6 +203,30 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
     assert moved == [True, True]
 
 
+def test_the_learning_rate_follows_skyrls_scheduler_over_every_mini_batch_update(
+    tmp_path: Path,
+) -> None:
+    """``optimizer_config.scheduler`` and ``num_warmup_steps`` as SkyRL's worker reads them
+    (transformers' schedule over steps x mini-batches x epochs), not a constant rate."""
+    from maze_engine.trainer import train
+
+    config = _one_prompt_run(
+        tmp_path,
+        3,
+        [
+            "trainer.policy.optimizer_config.lr=1e-3",
+            "trainer.policy.optimizer_config.scheduler=linear",
+            "trainer.policy.optimizer_config.num_warmup_steps=2",
+            "trainer.update_epochs_per_batch=2",
+        ],
+    )
+    result = train(config, say=lambda _m: None)
+    lrs = [row["policy/policy_lr"] for row in result.history if "policy/grad_norm" in row]
+    # 6 updates (3 steps x 1 mini-batch x 2 epochs), warmed up over 2 and decayed linearly to
+    # 0 after: each step logs its last update's rate (updates 2, 4 and 6).
+    assert lrs == pytest.approx([5e-4, 0.75e-3, 0.25e-3])
+
+
 def _one_prompt_run(tmp_path: Path, steps: int, overrides: list[str]) -> Any:
     """A smoke run of ``steps`` GRPO steps on one prompt of two samples, no warm start or eval."""
     from maze_engine.config import load_config

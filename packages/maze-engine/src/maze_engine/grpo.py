@@ -182,6 +182,35 @@ def sequence_advantages(
     return each[:, None] * loss_mask.float()
 
 
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer, name: str, *, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The learning-rate schedule SkyRL's FSDP worker builds from ``optimizer_config``.
+
+    transformers' ``get_scheduler`` with the config's ``scheduler`` and ``num_warmup_steps``, over
+    ``total_steps`` mini-batch updates (the run's steps x mini-batches x update epochs), so a
+    ``cosine`` run decays on this engine exactly as on the cluster. ``name`` must be one of
+    :data:`maze_engine.schema.LR_SCHEDULERS`.
+    """
+    from transformers import get_scheduler  # pyright: ignore[reportUnknownVariableType]
+
+    from maze_engine.errors import ConfigError
+    from maze_engine.schema import LR_SCHEDULERS
+
+    if name not in LR_SCHEDULERS:
+        raise ConfigError(
+            f"{name!r} is not a schedule SkyRL can build",
+            key="trainer.policy.optimizer_config.scheduler",
+            allowed=LR_SCHEDULERS,
+        )
+    return cast(
+        torch.optim.lr_scheduler.LRScheduler,
+        get_scheduler(
+            name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class LossOutput:
     """The loss to backpropagate and its scalar metrics under SkyRL's names."""

@@ -23,6 +23,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from maze_engine.errors import ConfigError, show_value
 
+LR_SCHEDULERS = (
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+)
+"""``optimizer_config.scheduler`` values SkyRL can build: its ``get_scheduler`` call passes no
+scheduler kwargs and steps without a metric, which rules out transformers' other types."""
+
 # String fields whose allowed values SkyRL documents and checks late (or not at all); checked here
 # so the error names the key before any GPU is touched. Literal/Enum fields are read off the types.
 _CHOICES: dict[str, tuple[object, ...]] = {
@@ -39,6 +51,8 @@ _CHOICES: dict[str, tuple[object, ...]] = {
     ),
     "trainer.algorithm.kl_estimator_type": ("k1", "k2", "k3", "abs"),
     "trainer.policy.model.lora.sync_mode": ("disk", "memory"),
+    "trainer.policy.optimizer_config.scheduler": LR_SCHEDULERS,
+    "trainer.critic.optimizer_config.scheduler": LR_SCHEDULERS,
     "generator.inference_engine.backend": ("vllm",),
     "generator.inference_engine.distributed_executor_backend": ("mp", "ray"),
     "generator.chat_template.source": ("name", "file"),

@@ -58,6 +58,7 @@ from maze_engine.faults import fault
 from maze_engine.grpo import (
     compute_advantages,
     episode_advantages,
+    lr_scheduler,
     policy_loss,
     sequence_advantages,
     step_advantages,
@@ -515,6 +516,7 @@ def grpo_update(
     optimizer.step()  # pyright: ignore[reportUnknownMemberType]
     return {
         **out.metrics,
+        "policy/policy_lr": float(optimizer.param_groups[0]["lr"]),
         "policy/grad_norm": float(grad_norm),
         "policy/rollout_train_logprob_abs_diff_max": drift,
     }
@@ -580,13 +582,24 @@ class Trainer:
             betas=(float(oc.adam_betas[0]), float(oc.adam_betas[1])),
             weight_decay=float(oc.weight_decay),
         )
-        warmup = int(oc.num_warmup_steps or 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
         self.max_grad_norm = float(oc.max_grad_norm)
 
         self.loader = PromptLoader(len(self.train_rows), int(t.train_batch_size), self.seed)
+        self.total_steps = (
+            int(t.max_training_steps)
+            if t.max_training_steps
+            else int(t.epochs) * (len(self.train_rows) // self.loader.batch_size)
+        )
+        # SkyRL's schedule, counted as SkyRL counts it: one scheduler step per mini-batch update.
+        updates_per_step = -(-int(t.train_batch_size) // int(t.policy_mini_batch_size)) * int(
+            t.update_epochs_per_batch
+        )
+        self.scheduler = lr_scheduler(
+            self.optimizer,
+            str(oc.scheduler),
+            warmup_steps=int(oc.num_warmup_steps or 0),
+            total_steps=self.total_steps * updates_per_step,
+        )
         self.ckpts = CheckpointManager(Path(t.ckpt_path), int(t.max_ckpts_to_keep))
         self.sync_root = Path(t.policy.model.lora.lora_sync_path)
         from weight_sync import AdapterStore
@@ -958,11 +971,7 @@ class Trainer:
         elif str(t.resume_mode) == "latest" and self.ckpts.steps():
             self.say("no checkpoint verified; starting from scratch")
         self.rollouts.load_adapter(self.publish_adapter())
-        total = (
-            int(t.max_training_steps)
-            if t.max_training_steps
-            else int(t.epochs) * (len(self.train_rows) // self.loader.batch_size)
-        )
+        total = self.total_steps
         if t.eval_before_train and self.global_step == 0:
             ev = self.evaluate()
             self.eval_before = ev["eval/all/pass_at_1"]
