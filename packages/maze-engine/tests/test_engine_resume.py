@@ -33,6 +33,8 @@ def _overrides(run: Path, base: Path) -> list[str]:
         "trainer.eval_interval=0",
         "trainer.eval_before_train=false",
         "trainer.policy.optimizer_config.lr=0.01",
+        # A decaying rate: a resume that lost the schedule's position would not repeat the run.
+        "trainer.policy.optimizer_config.scheduler=cosine",
         "local.rollout_workers=0",
         "mazes.train_size=8",
         "local.progress=false",
