@@ -6,8 +6,8 @@ the shared ``lora_sync_path`` and the worker loads that verified version from di
 
 As Ray actors (:func:`start_ray_workers`) they run on the nodes that offer
 ``local.ray.worker_resources``; :func:`gather` collects their results and turns a worker lost
-with its node into one :class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray
-fails its call. Workers that no node can take fail the run after ``local.ray.start_timeout_s``
+with its node, or killed by Ray's memory monitor, into one
+:class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray fails its call. Workers that no node can take fail the run after ``local.ray.start_timeout_s``
 instead of leaving it pending forever; a worker lost while starting (placed on a node that had
 just died) is replaced.
 """
@@ -133,13 +133,15 @@ def gather(futures: Sequence[Any], *, doing: str, timeout: float | None = None) 
         timeout: Seconds to wait for all of them; None waits as long as the workers live.
 
     Raises:
-        RolloutWorkerError: A worker died (with its node, say), or ``timeout`` ran out.
+        RolloutWorkerError: A worker died (with its node, say, or killed by Ray's memory
+            monitor), or ``timeout`` ran out.
     """
     import ray
     from ray.exceptions import (
         GetTimeoutError,
         NodeDiedError,
         ObjectLostError,
+        OutOfMemoryError,
         RayActorError,
         WorkerCrashedError,
     )
@@ -155,6 +157,13 @@ def gather(futures: Sequence[Any], *, doing: str, timeout: float | None = None) 
             f"{len(futures) - len(ready)} of {len(futures)} calls ({doing}) unfinished after "
             f"{timeout:g} s"
         ) from None
+    except OutOfMemoryError as exc:
+        # Not a RayActorError: without its own branch a node short of memory ended the run with
+        # Ray's traceback instead of the resumable error every other lost worker gives.
+        raise RolloutWorkerError(
+            f"Ray's memory monitor killed a rollout worker while {doing}: {_first_line(exc)} "
+            "Give each node fewer workers (local.rollout_workers) or more memory."
+        ) from exc
     except (RayActorError, ObjectLostError, NodeDiedError, WorkerCrashedError) as exc:
         raise RolloutWorkerError(
             f"a rollout worker was lost while {doing} (its Ray node may have died): "
