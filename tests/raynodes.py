@@ -200,13 +200,26 @@ class JobCluster:
         return fresh[0] if fresh else None
 
     def wait_worker(self, name: str, timeout: float = 120.0) -> str:
-        """Until worker ``name`` has joined; returns its node id."""
+        """Until worker ``name`` has joined; returns its node id.
+
+        A head whose state API drops a request while the node registers (seen on a loaded
+        2-core machine) is asked again until the deadline, as a node not yet listed is.
+        """
+        from ray.util.state.exception import ServerUnavailable
+
         deadline = time.monotonic() + timeout
-        while (node_id := self.joined(name)) is None:
+        unanswered: ServerUnavailable | None = None
+        while True:
+            try:
+                node_id = self.joined(name)
+            except ServerUnavailable as exc:
+                node_id, unanswered = None, exc
+            if node_id is not None:
+                return node_id
             if time.monotonic() > deadline:
-                raise TimeoutError(f"worker node {name} did not join within {timeout} s")
+                last = f"; the head's state API last said: {unanswered}" if unanswered else ""
+                raise TimeoutError(f"worker node {name} did not join within {timeout} s{last}")
             time.sleep(0.5)
-        return node_id
 
     def add_worker(self, name: str, resources: Mapping[str, float], num_cpus: int = 2) -> str:
         """Start worker node ``name`` and wait until it has joined; returns its node id."""
