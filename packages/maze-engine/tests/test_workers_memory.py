@@ -80,7 +80,7 @@ def test_a_worker_killed_for_memory_raises_the_resumable_worker_error(tmp_path: 
     assert said["error"] is not None, "the worker was not killed: it returned"
     assert said["cause"] == "OutOfMemoryError", said
     assert said["error"].startswith(
-        "Ray's memory monitor killed a rollout worker while playing rollouts: "
+        "Ray's memory monitor killed a rollout worker while playing rollouts ("
     ), said["error"]
     assert "low on memory" in said["error"], said["error"]
-    assert said["error"].endswith("(local.rollout_workers) or more memory."), said["error"]
+    assert said["error"].endswith("(local.rollout_workers) or more memory"), said["error"]

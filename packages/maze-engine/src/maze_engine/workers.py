@@ -7,9 +7,9 @@ the shared ``lora_sync_path`` and the worker loads that verified version from di
 As Ray actors (:func:`start_ray_workers`) they run on the nodes that offer
 ``local.ray.worker_resources``; :func:`gather` collects their results and turns a worker lost
 with its node, or killed by Ray's memory monitor, into one
-:class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray fails its call. Workers that no node can take fail the run after ``local.ray.start_timeout_s``
-instead of leaving it pending forever; a worker lost while starting (placed on a node that had
-just died) is replaced.
+:class:`~maze_engine.errors.RolloutWorkerError`, raised as soon as Ray fails its call. Workers
+that no node can take fail the run after ``local.ray.start_timeout_s`` instead of leaving it
+pending forever; a worker lost while starting (placed on a node that had just died) is replaced.
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def gather(futures: Sequence[Any], *, doing: str, timeout: float | None = None) 
         # Not a RayActorError: without its own branch a node short of memory ended the run with
         # Ray's traceback instead of the resumable error every other lost worker gives.
         raise RolloutWorkerError(
-            f"Ray's memory monitor killed a rollout worker while {doing}: {_first_line(exc)} "
-            "Give each node fewer workers (local.rollout_workers) or more memory."
+            f"Ray's memory monitor killed a rollout worker while {doing} "
+            f"({_first_line(exc).rstrip('.')}); give each node fewer workers "
+            "(local.rollout_workers) or more memory"
         ) from exc
     except (RayActorError, ObjectLostError, NodeDiedError, WorkerCrashedError) as exc:
         raise RolloutWorkerError(
