@@ -29,6 +29,8 @@ RAY_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # workers run this interpreter, nothing is shipped
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+STATE_API_ATTEMPTS = 5
+"""Requests :class:`JobCluster` sends the head's state API before a dropped one fails a poll."""
 NODE_IP = "127.0.0.2"
 """The address :class:`JobCluster`'s nodes advertise. Ray replaces 127.0.0.1 (and localhost) by
 the machine's outward address; any other loopback address it keeps, so drivers, raylets and
@@ -200,26 +202,13 @@ class JobCluster:
         return fresh[0] if fresh else None
 
     def wait_worker(self, name: str, timeout: float = 120.0) -> str:
-        """Until worker ``name`` has joined; returns its node id.
-
-        A head whose state API drops a request while the node registers (seen on a loaded
-        2-core machine) is asked again until the deadline, as a node not yet listed is.
-        """
-        from ray.util.state.exception import ServerUnavailable
-
+        """Until worker ``name`` has joined; returns its node id."""
         deadline = time.monotonic() + timeout
-        unanswered: ServerUnavailable | None = None
-        while True:
-            try:
-                node_id = self.joined(name)
-            except ServerUnavailable as exc:
-                node_id, unanswered = None, exc
-            if node_id is not None:
-                return node_id
+        while (node_id := self.joined(name)) is None:
             if time.monotonic() > deadline:
-                last = f"; the head's state API last said: {unanswered}" if unanswered else ""
-                raise TimeoutError(f"worker node {name} did not join within {timeout} s{last}")
+                raise TimeoutError(f"worker node {name} did not join within {timeout} s")
             time.sleep(0.5)
+        return node_id
 
     def add_worker(self, name: str, resources: Mapping[str, float], num_cpus: int = 2) -> str:
         """Start worker node ``name`` and wait until it has joined; returns its node id."""
@@ -228,14 +217,28 @@ class JobCluster:
 
     def alive_nodes(self) -> dict[str, dict[str, float]]:
         """Node id -> total resources of every node the head reports alive."""
-        from ray.util.state import list_nodes
-
-        nodes = cast(list[Any], list_nodes(address=self.url, timeout=10))
+        nodes = self._list_nodes()
         return {
             str(n.node_id): dict(cast(Mapping[str, float], n.resources_total))
             for n in nodes
             if n.state == "ALIVE"
         }
+
+    def _list_nodes(self) -> list[Any]:
+        """The head's node list; a request its state API drops is sent again.
+
+        Seen while a node registers on a loaded 2-core machine (``ServerUnavailable``); every
+        poll of the cluster's nodes goes through here, and a head that answers none of
+        ``STATE_API_ATTEMPTS`` requests, a second apart, still raises.
+        """
+        from ray.util.state import list_nodes
+        from ray.util.state.exception import ServerUnavailable
+
+        for _ in range(STATE_API_ATTEMPTS - 1):
+            with contextlib.suppress(ServerUnavailable):
+                return cast(list[Any], list_nodes(address=self.url, timeout=10))
+            time.sleep(1.0)
+        return cast(list[Any], list_nodes(address=self.url, timeout=10))
 
     def is_dead(self, node_id: str) -> bool:
         """Whether the head no longer reports ``node_id`` alive (it misses health checks first)."""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-# Its own driver process: Ray's memory threshold is set when Ray starts, and this one sits just
-# above what the node already uses, so the worker that allocates 3 GiB more is the one killed.
+# Its own driver process: Ray's memory threshold is set when Ray starts, and this one sits 2 GiB
+# above what the node already uses, so the worker writing up to 5 GiB is the one killed.
 _DRIVER = """
 import json, time
 import ray
