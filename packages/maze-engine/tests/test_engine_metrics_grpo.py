@@ -2,17 +2,23 @@ import json
 import math
 import urllib.request
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import torch
 from skyrl.backends.skyrl_train.utils.ppo_utils import (
+    PolicyLossRegistry,
     compute_grpo_outcome_advantage,  # pyright: ignore[reportUnknownVariableType]
 )
 from skyrl.train.config import AlgorithmConfig
 
-from maze_engine.grpo import compute_advantages, outcome_token_rewards, policy_loss
+from maze_engine.grpo import (
+    compute_advantages,
+    outcome_token_rewards,
+    policy_loss,
+    resolve_policy_loss,
+)
 from maze_engine.metrics import MetricsSink, prometheus_name
 
 
@@ -150,6 +156,26 @@ def test_policy_loss_gradient_pushes_up_good_actions() -> None:
     assert logits.grad is not None
     assert (logits.grad[0] < 0).all() and (logits.grad[1] > 0).all()  # descent raises row 0
     assert "policy/clip_ratio" in out.metrics
+
+
+def test_a_resolved_policy_loss_is_used_without_asking_the_registry_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    algo = AlgorithmConfig(use_kl_loss=False, eps_clip_low=0.2, eps_clip_high=0.28)
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old, adv, mask = torch.tensor([[-1.2, -1.9, -0.4]]), torch.ones(1, 3), torch.ones(1, 3)
+    looked_up = policy_loss(lp, old, adv, mask, algo)
+    fn = resolve_policy_loss(algo)
+
+    def no_registry(name: str) -> Any:
+        raise AssertionError(f"registry asked for {name!r}")
+
+    monkeypatch.setattr(PolicyLossRegistry, "get", no_registry)
+    given = policy_loss(lp, old, adv, mask, algo, loss_fn=fn)
+    assert torch.equal(given.loss, looked_up.loss)
+    assert given.metrics == looked_up.metrics
+    with pytest.raises(AssertionError, match="registry asked for 'regular'"):
+        policy_loss(lp, old, adv, mask, algo)
 
 
 def test_kl_term_needs_reference_and_is_reported() -> None:

@@ -227,6 +227,29 @@ def test_the_learning_rate_follows_skyrls_scheduler_over_every_mini_batch_update
     assert lrs == pytest.approx([5e-4, 0.75e-3, 0.25e-3])
 
 
+def test_the_policy_loss_is_looked_up_once_per_run_not_per_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SkyRL's ``PolicyLossRegistry.get`` syncs with a Ray actor while Ray is up; the learner
+    resolves the loss once at start-up, so no update waits on (or dies with) that actor."""
+    from skyrl.backends.skyrl_train.utils.ppo_utils import PolicyLossRegistry
+
+    from maze_engine.trainer import train
+
+    get: Any = PolicyLossRegistry.get  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType] - SkyRL types the function it returns loosely
+    names: list[str] = []
+
+    def counted(name: str) -> Any:
+        names.append(name)
+        return get(name)
+
+    monkeypatch.setattr(PolicyLossRegistry, "get", counted)
+    config = _one_prompt_run(tmp_path, 3, ["trainer.update_epochs_per_batch=2"])
+    result = train(config, say=lambda _m: None)
+    assert len([row for row in result.history if "policy/grad_norm" in row]) == 3
+    assert names == ["regular"]  # 6 updates, one lookup
+
+
 def _one_prompt_run(tmp_path: Path, steps: int, overrides: list[str]) -> Any:
     """A smoke run of ``steps`` GRPO steps on one prompt of two samples, no warm start or eval."""
     from maze_engine.config import load_config

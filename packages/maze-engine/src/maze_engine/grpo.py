@@ -10,7 +10,7 @@ term from ``compute_approx_kl``. The math is therefore the cluster's, key for ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -219,6 +219,21 @@ class LossOutput:
     metrics: dict[str, float]
 
 
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+"""A SkyRL policy loss: ``(logprobs, old_logprobs, advantages, algo, loss_mask)`` to
+``(loss, metrics)``."""
+
+
+def resolve_policy_loss(algo: AlgorithmConfig) -> PolicyLossFn:
+    """SkyRL's policy loss named by ``algo.policy_loss_type``, looked up once per run.
+
+    While Ray is up, ``PolicyLossRegistry.get`` syncs with the registry's named Ray actor on
+    every call: looked up per update, that is a round trip on the learner's hot path, and a run
+    whose registry actor Ray's memory monitor has killed stops in the middle of a step.
+    """
+    return cast(PolicyLossFn, PolicyLossRegistry.get(algo.policy_loss_type))  # pyright: ignore[reportUnknownMemberType]
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -229,8 +244,12 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     max_seq_len: int | None = None,
+    loss_fn: PolicyLossFn | None = None,
 ) -> LossOutput:
-    """The scalar to backpropagate for one mini-batch, plus SkyRL-named metrics."""
+    """The scalar to backpropagate for one mini-batch, plus SkyRL-named metrics.
+
+    ``loss_fn`` is :func:`resolve_policy_loss` of ``algo``, looked up here when not given.
+    """
     mask = loss_mask.float()
     scaled = apply_loss_reduction_to_advantages_minibatch(
         advantages=advantages,
@@ -239,7 +258,8 @@ def policy_loss(
         micro_batch_size=advantages.shape[0],
         max_seq_len=max_seq_len or algo.max_seq_len or advantages.shape[1],
     )
-    loss_fn: Any = PolicyLossRegistry.get(algo.policy_loss_type)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # pyright: ignore[reportUnknownMemberType]
+    if loss_fn is None:
+        loss_fn = resolve_policy_loss(algo)
     pg_loss, loss_metrics = loss_fn(logprobs, old_logprobs, scaled, algo, mask)
     total = pg_loss
     metrics: dict[str, float] = {"policy/policy_loss": float(pg_loss.detach())}

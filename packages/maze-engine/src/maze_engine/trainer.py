@@ -56,10 +56,12 @@ from maze_engine.decisions import (
 from maze_engine.errors import ConfigError
 from maze_engine.faults import fault
 from maze_engine.grpo import (
+    PolicyLossFn,
     compute_advantages,
     episode_advantages,
     lr_scheduler,
     policy_loss,
+    resolve_policy_loss,
     sequence_advantages,
     step_advantages,
     turn_reward_advantages,
@@ -487,6 +489,7 @@ def grpo_update(
     sampling: SamplingParams,
     max_grad_norm: float,
     ref_logprobs: torch.Tensor | None = None,
+    loss_fn: PolicyLossFn | None = None,
 ) -> dict[str, float]:
     """One optimizer step on one mini-batch.
 
@@ -508,6 +511,7 @@ def grpo_update(
         algo,
         ref_logprobs=ref_logprobs,
         entropy=entropy,
+        loss_fn=loss_fn,
     )
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()  # pyright: ignore[reportUnknownMemberType]
@@ -556,6 +560,7 @@ class Trainer:
         self.seed = int(t.seed)
         self.n = int(self.skyrl.generator.n_samples_per_prompt)
         self.algo = t.algorithm
+        self.loss_fn = resolve_policy_loss(self.algo)
         sp = self.skyrl.generator.sampling_params
         self.sampling = SamplingParams(
             temperature=float(sp.temperature),
@@ -917,6 +922,7 @@ class Trainer:
                     sampling=self.sampling,
                     max_grad_norm=self.max_grad_norm,
                     ref_logprobs=ref,
+                    loss_fn=self.loss_fn,
                 )
                 if epoch == 0:  # later epochs compare against an already updated policy
                     drift = max(drift, update["policy/rollout_train_logprob_abs_diff_max"])
