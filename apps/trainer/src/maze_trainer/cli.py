@@ -1,9 +1,10 @@
 """maze-train: GRPO + LoRA for VLMs on visual mazes, on this CPU or a GPU Ray cluster.
 
-With no arguments: the local engine on the shipped tiny_local config, i.e. a tiny Qwen3-VL
-warm-started on oracle demonstrations, then GRPO + LoRA on 5x5 mazes on this machine's CPUs,
-reporting the eval set's solve rate before the warm start, after it and after GRPO. The run
-directory gets metrics.jsonl and curves.png (redrawn at each eval and at the end).
+With no arguments: the local engine on the shipped tiny_local config (the main job), i.e. the
+shipped tiny Qwen3-VL route base warm-started on oracle demonstrations, then GRPO + LoRA on 7x7
+mazes on this machine's CPUs, reporting the held-out eval set's solve rate (small-64, no layout
+shared with training) before the warm start, after it and after GRPO. The run directory gets
+metrics.jsonl and curves.png (redrawn at each eval and at the end).
 
 --engine skyrl runs SkyRL's own trainer with the shipped reference config (Qwen3-VL-8B, LoRA
 r32, GRPO, easy-64); it needs the GPU container image. --submit ADDRESS submits the run as a
