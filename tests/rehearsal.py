@@ -172,6 +172,7 @@ class PolicyRank:
         from torch.distributed.fsdp import fully_shard
 
         from maze_engine.config import load_config
+        from maze_engine.grpo import resolve_policy_loss
         from maze_engine.lora_sync import ShardedLoraSync, SyncSettings
         from maze_engine.workers import lora_config_from_skyrl
         from maze_policy.lora import load_policy
@@ -192,6 +193,7 @@ class PolicyRank:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         self.algo = t.algorithm
+        self.loss_fn = resolve_policy_loss(self.algo)  # once: the registry asks a Ray actor
         self.sampling = SamplingParams(temperature=1.0, max_new_tokens=32)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(params, lr=float(t.policy.optimizer_config.lr))
@@ -229,6 +231,7 @@ class PolicyRank:
             algo=self.algo,
             sampling=self.sampling,
             max_grad_norm=1.0,
+            loss_fn=self.loss_fn,
         )
         self.policy.model.eval()
         return out
