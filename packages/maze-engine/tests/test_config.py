@@ -239,13 +239,13 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
         (
             "local.step_advantage_weight=1",
             "local.step_advantage_weight",
-            "context=latest, recent or route",
+            "context=latest, recent, route or route-recent",
         ),
         ("local.progress_advantage_weight=-1", "local.progress_advantage_weight", "must be >= 0"),
         (
             "local.progress_advantage_weight=1",
             "local.progress_advantage_weight",
-            "context=latest, recent or route",
+            "context=latest, recent, route or route-recent",
         ),
         ("local.step_advantage_gamma=0", "local.step_advantage_gamma", "in (0, 1]"),
         ("local.step_advantage_gamma=1.5", "local.step_advantage_gamma", "in (0, 1]"),

@@ -120,6 +120,19 @@ def test_latest_context_demonstrations_show_each_turn_alone(tiny_policy: Policy)
         assert len(seq.images) == 1 and prompt.count(ROUTE_QUESTION) == 1
         assert "You are navigating a maze" not in prompt and "Turns left" not in prompt
         assert seq.pixel_values[0].equal(latest.pixel_values[0])  # the same frame
+    # ``route-recent``: the route turns, each later one after the reply that led to its frame.
+    came, _ = demonstration_sequences(
+        tiny_policy, maze, context="route-recent", reply="action", slack=2
+    )
+    assert replies(came) == replies(turns)
+    assert came[0].input_ids == route[0].input_ids
+    for t, (seq, asked) in enumerate(zip(came[1:], route[1:], strict=True), start=1):
+        prompt = str(tok.decode(seq.input_ids[: seq.generated_spans()[0][0]]))
+        assert len(seq.images) == 1 and prompt.count(ROUTE_QUESTION) == 1
+        assert prompt.count(said[t - 1]) == 1 and prompt.index(said[t - 1]) < prompt.index(
+            ROUTE_QUESTION
+        )
+        assert len(seq) > len(asked) and seq.pixel_values[0].equal(asked.pixel_values[0])
 
 
 def test_short_sft_lowers_loss_and_raises_action_accuracy(

@@ -37,7 +37,7 @@ def test_in_process_tiny_model_gives_valid_records(tiny_model: Path, tmp_path: P
     assert s.episodes == 2 and 0.0 <= s.solve_rate <= 1.0
 
 
-@pytest.mark.parametrize("context", ["recent", "route"])
+@pytest.mark.parametrize("context", ["recent", "route", "route-recent"])
 def test_in_process_context_plays_the_trainers_rollout_in_that_context(
     tiny_model: Path, context: str
 ) -> None:

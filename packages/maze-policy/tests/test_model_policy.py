@@ -371,6 +371,8 @@ def test_turn_messages_per_context_and_route_keeps_every_frame_the_encoder_reads
     assert turn_messages("latest", opening, later, "right") == [system, *later]
     reply = {"role": "assistant", "content": "right"}
     assert turn_messages("recent", opening, later, "right") == [system, reply, *later]
+    assert turn_messages("route-recent", opening, later, "right") == [reply, asked]
+    assert turn_messages("route-recent", opening) == route_turn(opening)
     with pytest.raises(ValueError, match="no turn of its own"):
         turn_messages("full", opening, later)
     with pytest.raises(ValueError, match="context must be one of"):
@@ -391,7 +393,7 @@ def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     enc = tiny_policy.encoder
     checked = 0
-    for context in ("latest", "recent", "route"):
+    for context in ("latest", "recent", "route", "route-recent"):
         eps = run_episodes(tiny_policy, rows, sampling=params, seed=6, context=context)
         for row, ep in zip(rows, eps, strict=True):
             # Replay the episode's replies on a fresh env, keeping the whole conversation.
@@ -410,5 +412,11 @@ def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     # A conversation with no reply yet is an opening, kept whole; an unknown context is refused.
     opening = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert in_context(opening, "latest") == opening
+    # ``route-recent`` before any reply is ``route``'s opening: nothing came before the frame.
+    framed = [
+        *opening[:1],
+        {"role": "user", "content": [{"image": 1}, {"type": "text", "text": "u"}]},
+    ]
+    assert in_context(framed, "route-recent") == in_context(framed, "route")
     with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
         in_context(opening, "window")

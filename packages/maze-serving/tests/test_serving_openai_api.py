@@ -219,6 +219,11 @@ def test_a_per_turn_context_answers_the_turn_the_policy_was_trained_on(
         assert tokens(url, maze_messages) == route  # the opening shows the same frame
         r = chat(url, BASE, [system, {"role": "user", "content": "which way?"}], **kw)
         assert r.status_code == 400 and "context 'route' answers the frame" in r.text
+    with start_server(context="route-recent", max_images=4) as url:
+        # The route turn after the last reply; an opening has none, so it is route's.
+        came = tokens(url, history)
+        assert came == tokens(url, [reply, {"role": "user", "content": [frame, question]}])
+        assert came != route and tokens(url, maze_messages) == route
     with start_server(max_images=4) as url:  # full: the conversation as sent, so over the limit
         r = chat(url, BASE, history, **kw)
         assert r.status_code == 413 and "more than 4 images" in r.text

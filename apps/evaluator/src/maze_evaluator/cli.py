@@ -71,8 +71,8 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
         default="full",
         help="what each turn is answered from, as the policy was trained (maze-train's "
         "local.context): full (the whole conversation, default), latest (the system prompt and "
-        "the latest frame), recent (and the previous reply) or route (the latest frame, asked "
-        "the route question)",
+        "the latest frame), recent (and the previous reply), route (the latest frame, asked "
+        "the route question) or route-recent (that, after the previous reply)",
     )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 

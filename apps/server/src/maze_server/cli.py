@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--context",
         help="what each request is answered from, as the served policy was trained (maze-train's "
         "local.context): full (the conversation as sent, default), latest (its system prompt "
-        "and the turn after the last reply), recent (and that reply) or route (the last user "
-        "turn's frame, asked the route question); env MAZE_CONTEXT",
+        "and the turn after the last reply), recent (and that reply), route (the last user "
+        "turn's frame, asked the route question) or route-recent (that, after the last reply); "
+        "env MAZE_CONTEXT",
     )
     p.add_argument(
         "--cache-dir", help="where s3:// downloads go (default: a temp dir, removed on shutdown)"

@@ -348,7 +348,7 @@ class LocalConfig:
             if weight > 0 and self.context == "full":
                 raise ConfigError(
                     "per-turn advantages need turns played as their own sequences: "
-                    f"set {LOCAL_KEY}.context=latest, recent or route",
+                    f"set {LOCAL_KEY}.context=latest, recent, route or route-recent",
                     key=f"{LOCAL_KEY}.{name}",
                 )
         if not 0 < self.step_advantage_gamma <= 1:

@@ -9,12 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-CONTEXTS = ("full", "latest", "recent", "route")
+CONTEXTS = ("full", "latest", "recent", "route", "route-recent")
 """What each turn is answered from: the whole conversation; the system prompt and the latest
-user turn; those with the previous reply between them; or the latest frame alone, asked
-:data:`ROUTE_QUESTION` (see ``maze_policy.rollout``)."""
+user turn; those with the previous reply between them; the latest frame alone, asked
+:data:`ROUTE_QUESTION`; or that with the previous reply before it (see ``maze_policy.rollout``)."""
 
-PER_TURN_CONTEXTS = ("latest", "recent", "route")
+PER_TURN_CONTEXTS = ("latest", "recent", "route", "route-recent")
+
+ROUTE_CONTEXTS = ("route", "route-recent")
+"""The contexts that ask every frame :data:`ROUTE_QUESTION` in place of the env's text."""
+
+RECENT_CONTEXTS = ("recent", "route-recent")
+"""The contexts that keep the policy's previous reply before a later turn."""
 """The contexts that play each turn as its own token sequence."""
 
 ROUTE_QUESTION = "Which way leads from the blue circle to the red square?"

@@ -11,9 +11,10 @@ The ``context`` an episode's turns are answered in is one of
 :data:`~maze_policy.contexts.CONTEXTS`: ``full`` (the whole conversation so far, VisGym's and
 SkyRL's multi-turn format), ``latest`` (the system prompt and the latest user turn only: the
 current frame and the env's feedback), ``recent`` (``latest`` with the policy's previous
-reply before the user turn, so feedback such as a bump says which move it was about) or
+reply before the user turn, so feedback such as a bump says which move it was about),
 ``route`` (the latest frame alone, asked :data:`~maze_policy.contexts.ROUTE_QUESTION`, for a
-base pretrained on that question). With all but ``full`` each turn is its own token sequence,
+base pretrained on that question) or ``route-recent`` (``route`` with the previous reply before
+it, so the policy sees which way it came). With all but ``full`` each turn is its own token sequence,
 prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame at a
 time never meets the long multi-image contexts a small model loses track in.
 """
@@ -28,6 +29,8 @@ from maze_env.export import ENV_CLASS
 from maze_policy.contexts import (
     CONTEXTS,
     PER_TURN_CONTEXTS,
+    RECENT_CONTEXTS,
+    ROUTE_CONTEXTS,
     ROUTE_QUESTION,
     check_context,
     is_image_part,
@@ -45,6 +48,8 @@ __all__ = [  # the context names are re-exported: they were defined here first
     "CONTEXTS",
     "OPENING_STATE",
     "PER_TURN_CONTEXTS",
+    "RECENT_CONTEXTS",
+    "ROUTE_CONTEXTS",
     "ROUTE_QUESTION",
     "Episode",
     "check_context",
@@ -105,11 +110,19 @@ def turn_messages(
     The opening turn (no ``observations``) is the env's ``opening`` messages, in ``route`` its
     frame and the question. A later turn, whose user messages are ``observations`` and which
     follows the policy's ``previous_reply``, is :func:`latest_turn` in ``latest`` and ``recent``
-    (the reply kept in ``recent`` only) and :func:`route_turn` in ``route``. In ``full`` a later
-    turn extends the one conversation instead, so asking for one is a ValueError.
+    (the reply kept in ``recent`` only) and :func:`route_turn` in ``route`` (with the reply
+    before it in ``route-recent``). In ``full`` a later turn extends the one conversation
+    instead, so asking for one is a ValueError.
     """
-    if check_context(context) == "route":
-        return route_turn(opening if observations is None else observations)
+    if check_context(context) in ROUTE_CONTEXTS:
+        if observations is None:
+            return route_turn(opening)
+        previous = (
+            [{"role": "assistant", "content": previous_reply}]
+            if context in RECENT_CONTEXTS and previous_reply is not None
+            else []
+        )
+        return [*previous, *route_turn(observations)]
     if observations is None:
         return list(opening)
     if context not in PER_TURN_CONTEXTS:
@@ -124,13 +137,15 @@ def in_context(messages: Sequence[Mapping[str, Any]], context: str) -> list[Mapp
     ``full`` keeps it; ``latest`` keeps its system messages and the messages after the last
     assistant reply, as :func:`latest_turn` builds a turn in training; ``recent`` keeps that
     reply too. A conversation with no reply yet is an opening and is kept whole, as in training.
-    ``route`` answers every turn, the opening too, from :func:`route_turn`.
+    ``route`` answers every turn, the opening too, from :func:`route_turn`; ``route-recent``
+    puts the last reply, if any, before it.
     """
     if check_context(context) == "full":
         return list(messages)
-    if context == "route":
-        return route_turn(messages)
     replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if context in ROUTE_CONTEXTS:
+        previous = [messages[replies[-1]]] if context in RECENT_CONTEXTS and replies else []
+        return [*previous, *route_turn(messages)]
     if not replies:
         return list(messages)
     last = replies[-1]
