@@ -1,6 +1,7 @@
 """The local engine's rollouts honour ``generator.max_turns`` as SkyRL's generator does."""
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,40 @@ def test_the_policy_loss_is_looked_up_once_per_run_not_per_update(
     result = train(config, say=lambda _m: None)
     assert len([row for row in result.history if "policy/grad_norm" in row]) == 3
     assert names == ["regular"]  # 6 updates, one lookup
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_clip_bounds_a_one_update_step_cannot_reach_are_named_at_start_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, epochs: int
+) -> None:
+    """With one update a step every PPO ratio is 1, so a changed clip bound changes nothing:
+    the run says so instead of training as if it were active."""
+    from skyrl.train.config import AlgorithmConfig
+
+    from maze_engine.grpo import clip_settings_changed
+    from maze_engine.trainer import train
+
+    assert clip_settings_changed(AlgorithmConfig()) == []
+    assert clip_settings_changed(AlgorithmConfig(eps_clip_high=0.28, clip_ratio_c=10.0)) == [
+        "eps_clip_high",
+        "clip_ratio_c",
+    ]
+    config = _one_prompt_run(
+        tmp_path,
+        1,
+        ["trainer.algorithm.eps_clip_high=0.28", f"trainer.update_epochs_per_batch={epochs}"],
+    )
+    with caplog.at_level(logging.WARNING, logger="maze_engine.trainer"):
+        train(config, say=lambda _m: None)
+    warned = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
+    if epochs == 1:
+        assert warned == [
+            "trainer.algorithm.eps_clip_high: no effect, each step makes one update "
+            "(train_batch_size 1 <= policy_mini_batch_size 1, update_epochs_per_batch 1), "
+            "so the PPO ratio is 1"
+        ]
+    else:  # a second epoch updates on the first's old log-probs: the bound can bind
+        assert warned == []
 
 
 def _one_prompt_run(tmp_path: Path, steps: int, overrides: list[str]) -> Any:

@@ -224,6 +224,16 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 ``(loss, metrics)``."""
 
 
+CLIP_SETTINGS = ("eps_clip_low", "eps_clip_high", "clip_ratio_c")
+"""The PPO ratio's clip bounds: inert when a step updates once on its own old log-probs."""
+
+
+def clip_settings_changed(algo: AlgorithmConfig) -> list[str]:
+    """The :data:`CLIP_SETTINGS` that ``algo`` sets away from SkyRL's defaults."""
+    default = type(algo)()
+    return [k for k in CLIP_SETTINGS if float(getattr(algo, k)) != float(getattr(default, k))]
+
+
 def resolve_policy_loss(algo: AlgorithmConfig) -> PolicyLossFn:
     """SkyRL's policy loss named by ``algo.policy_loss_type``, looked up once per run.
 

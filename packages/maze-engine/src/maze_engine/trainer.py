@@ -57,6 +57,7 @@ from maze_engine.errors import ConfigError
 from maze_engine.faults import fault
 from maze_engine.grpo import (
     PolicyLossFn,
+    clip_settings_changed,
     compute_advantages,
     episode_advantages,
     lr_scheduler,
@@ -599,6 +600,16 @@ class Trainer:
         updates_per_step = -(-int(t.train_batch_size) // int(t.policy_mini_batch_size)) * int(
             t.update_epochs_per_batch
         )
+        if updates_per_step == 1 and (changed := clip_settings_changed(t.algorithm)):
+            # One update a step scores its own old log-probs, so every PPO ratio is 1 and no
+            # clip bound is ever reached: a setting that looks active would change nothing.
+            log.warning(
+                "trainer.algorithm.%s: no effect, each step makes one update (train_batch_size %d "
+                "<= policy_mini_batch_size %d, update_epochs_per_batch 1), so the PPO ratio is 1",
+                ", ".join(changed),
+                int(t.train_batch_size),
+                int(t.policy_mini_batch_size),
+            )
         self.scheduler = lr_scheduler(
             self.optimizer,
             str(oc.scheduler),
