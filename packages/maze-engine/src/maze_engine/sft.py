@@ -84,8 +84,8 @@ def demonstration_sequences(
     ``full``: the one conversation. ``latest``: one sequence per turn, the system prompt and
     that turn's user message (its frame and feedback) then the reply; ``recent``: the same with
     the previous reply before the user message; ``route``: each turn's frame and the route
-    question, then the reply; ``route-recent``: those with the previous reply before them; as :func:`maze_policy.rollout.run_episodes` shows a policy each
-    turn in that context.
+    question, then the reply; ``route-recent``: those with the previous reply before them; as
+    :func:`maze_policy.rollout.run_episodes` shows a policy each turn in that context.
     """
     from maze_env import DEFAULT_SLACK, MazeGame
     from maze_env.agents import ExplorerAgent

@@ -15,13 +15,13 @@ user turn; those with the previous reply between them; the latest frame alone, a
 :data:`ROUTE_QUESTION`; or that with the previous reply before it (see ``maze_policy.rollout``)."""
 
 PER_TURN_CONTEXTS = ("latest", "recent", "route", "route-recent")
+"""The contexts that play each turn as its own token sequence."""
 
 ROUTE_CONTEXTS = ("route", "route-recent")
 """The contexts that ask every frame :data:`ROUTE_QUESTION` in place of the env's text."""
 
 RECENT_CONTEXTS = ("recent", "route-recent")
 """The contexts that keep the policy's previous reply before a later turn."""
-"""The contexts that play each turn as its own token sequence."""
 
 ROUTE_QUESTION = "Which way leads from the blue circle to the red square?"
 """What context ``route`` asks of every frame, in place of the env's text: the question the

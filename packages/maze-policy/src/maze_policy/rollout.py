@@ -14,9 +14,9 @@ current frame and the env's feedback), ``recent`` (``latest`` with the policy's 
 reply before the user turn, so feedback such as a bump says which move it was about),
 ``route`` (the latest frame alone, asked :data:`~maze_policy.contexts.ROUTE_QUESTION`, for a
 base pretrained on that question) or ``route-recent`` (``route`` with the previous reply before
-it, so the policy sees which way it came). With all but ``full`` each turn is its own token sequence,
-prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame at a
-time never meets the long multi-image contexts a small model loses track in.
+it, so the policy sees which way it came). With all but ``full`` each turn is its own token
+sequence, prompt and reply, kept in ``Episode.turn_trajectories``; a policy that reads one frame
+at a time never meets the long multi-image contexts a small model loses track in.
 """
 
 from __future__ import annotations
