@@ -59,6 +59,7 @@ def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
 ) -> None:
     from maze_evaluation import EndpointBackend, episode_differences, summarize
     from maze_evaluation.local import LocalBackend
+    from maze_policy.contexts import read_context
     from maze_serving.app import create_app
     from maze_serving.engine import EngineConfig
     from maze_serving.server import serve_in_thread
@@ -69,6 +70,8 @@ def test_server_hot_loads_trained_adapter_and_eval_over_http_matches_in_process(
     store = AdapterStore(run / "lora_sync")
     latest = store.latest()
     assert latest is not None and latest.step == 2
+    # The published adapter says its context: maze-serve and maze-eval answer in it by default.
+    assert read_context(latest.path) == context
     app = create_app(
         EngineConfig(
             model_path=str(base),

@@ -5,6 +5,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -157,6 +158,37 @@ def test_in_process_random_model_exits_0(
     rec = read_records(out)[0]
     assert rec.backend == "local" and rec.turns == len(rec.replies) > 0
     assert "small-64: 1 mazes, 1 episodes" in capsys.readouterr().out
+
+
+def test_the_context_comes_from_the_adapter_unless_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from maze_policy.contexts import CONTEXT_FILE, write_context
+    from maze_policy.model import build_tiny_vlm, load_vlm
+
+    model_dir = build_tiny_vlm(tmp_path / "model", seed=0)
+    model, _ = load_vlm(model_dir)
+    lora: Any = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))  # pyright: ignore[reportArgumentType]
+    adapter = tmp_path / "adapter"
+    lora.save_pretrained(str(adapter))
+    write_context(adapter, "route")
+
+    def run(out: str, *flags: str) -> tuple[str, str]:
+        argv = ["--model-dir", str(model_dir), "--adapter", str(adapter), "--out"]
+        argv += [str(tmp_path / out), "--max-new-tokens", "2", "--eval-set", "small-64"]
+        assert main([*argv, "--limit", "1", "--no-progress", *flags]) == 0
+        return read_records(tmp_path / out)[0].extra.get("context", "full"), capsys.readouterr().err
+
+    context, err = run("recorded.jsonl")
+    assert context == "route" and f"context: route (recorded in {adapter})" in err
+    context, err = run("explicit.jsonl", "--context", "full")
+    assert context == "full" and "the adapter was trained in context 'route'" in err
+    (adapter / CONTEXT_FILE).write_text('{"context": 3}')
+    argv = ["--model-dir", str(model_dir), "--adapter", str(adapter), "--out", str(tmp_path / "x")]
+    assert main(argv) == 1
+    assert f"{adapter / CONTEXT_FILE}: not a context record" in capsys.readouterr().err
 
 
 def test_follow_evaluates_each_published_version(server: ScriptedServer, tmp_path: Path) -> None:

@@ -273,6 +273,42 @@ def test_context_flag_and_env(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert context() == "recent" and context("--context", "full") == "full"
 
 
+def test_the_context_comes_from_the_adapters_unless_given(
+    tiny: Path,
+    adapter: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import shutil
+
+    from maze_policy.contexts import CONTEXT_FILE, write_context
+    from maze_server.cli import main, resolve
+
+    monkeypatch.delenv("MAZE_CONTEXT", raising=False)
+    route, full = tmp_path / "route", tmp_path / "full"
+    for path, trained in ((route, "route"), (full, "full")):
+        shutil.copytree(adapter, path)
+        write_context(path, trained)
+
+    def context(*flags: str) -> str:
+        return resolve(["--model", str(tiny), *flags]).context
+
+    assert context("--lora-modules", f"r={route}", f"plain={adapter}") == "route"
+    assert capsys.readouterr().err == ""
+    # An explicit choice wins, and an adapter trained otherwise is named.
+    assert context("--lora-modules", f"r={route}", "--context", "full") == "full"
+    assert "adapter r was trained in context 'route'" in capsys.readouterr().err
+    # One server answers in one context: two adapters that disagree need a choice.
+    assert main(["--model", str(tiny), "--lora-modules", f"r={route}", f"f={full}"]) == 2
+    err = capsys.readouterr().err
+    assert "trained in different contexts (f: full, r: route)" in err
+    assert context("--lora-modules", f"r={route}", f"f={full}", "--context", "route") == "route"
+    (route / CONTEXT_FILE).write_text('{"context": "window"}')
+    assert main(["--model", str(tiny), "--lora-modules", f"r={route}"]) == 2
+    assert f"{route / CONTEXT_FILE}: not a context record" in capsys.readouterr().err
+
+
 def test_cli_usage_errors(
     adapter: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

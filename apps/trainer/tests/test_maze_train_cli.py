@@ -11,6 +11,7 @@ import pytest
 
 from maze_engine.decisions import layout_class
 from maze_env import get_eval_set
+from maze_policy.contexts import read_context
 
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -272,7 +273,9 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "final adapter:" in proc.stdout
-    assert "maze-serve --context latest, maze-eval --context latest" in proc.stdout
+    assert "in context 'latest', recorded beside the adapter" in proc.stdout
+    # The exported adapter says what it was trained in, for maze-eval and maze-serve to follow.
+    assert read_context(tmp_path / "final_adapter") == "latest"
     # The three stages of the main job, each figure the one its run recorded.
     m = re.search(
         r"tiny-64 solve rate: random init ([\d.]+)% -> warm start "

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import torch
 
 from maze_env import MazeGame, generate
@@ -420,3 +422,19 @@ def test_whole_conversations_cut_to_a_context_are_the_turns_rollouts_answer_in(
     assert in_context(framed, "route-recent") == in_context(framed, "route")
     with pytest.raises(ValueError, match="context must be one of full, latest, recent"):
         in_context(opening, "window")
+
+
+def test_an_adapter_directory_records_its_context(tmp_path: Path) -> None:
+    from maze_policy.contexts import CONTEXT_FILE, read_context, write_context
+    from maze_policy.errors import ContextRecordError
+
+    assert read_context(tmp_path) is None  # nothing recorded: callers fall back to full
+    assert write_context(tmp_path, "route-recent") == tmp_path / CONTEXT_FILE
+    assert read_context(tmp_path) == "route-recent"
+    with pytest.raises(ValueError, match="context must be one of"):
+        write_context(tmp_path, "window")
+    assert read_context(tmp_path) == "route-recent"  # a refused write leaves the record alone
+    for text in ("not json", "[]", '{"context": "window"}', '{"ctx": "route"}'):
+        (tmp_path / CONTEXT_FILE).write_text(text)
+        with pytest.raises(ContextRecordError, match=f"{CONTEXT_FILE}: not a context record"):
+            read_context(tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 BASE = "tiny"
 ServerFactory = Callable[..., AbstractContextManager[str]]
@@ -175,6 +177,34 @@ def test_models_list_the_rendering_an_adapter_records(
     assert (
         httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "r25"}).status_code == 200
     )
+
+
+def test_an_adapter_trained_in_another_context_is_served_with_a_warning(
+    server: str, adapters: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from maze_policy.contexts import CONTEXT_FILE, write_context
+
+    route = tmp_path / "route"
+    shutil.copytree(adapters[0], route)
+    write_context(route, "route")
+    with caplog.at_level(logging.WARNING, logger="maze_serving.engine"):
+        r = httpx.post(
+            f"{server}/v1/load_lora_adapter", json={"lora_name": "rt", "lora_path": str(route)}
+        )
+    assert r.status_code == 200, r.text
+    assert "adapter rt was trained in context 'route'; this server answers in 'full'" in (
+        caplog.text
+    )
+    assert (
+        httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "rt"}).status_code == 200
+    )
+    bad = tmp_path / "bad"
+    shutil.copytree(adapters[0], bad)
+    (bad / CONTEXT_FILE).write_text("[]")
+    r = httpx.post(
+        f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)}
+    )
+    assert r.status_code == 400 and CONTEXT_FILE in r.json()["error"]["message"]
 
 
 def test_a_per_turn_context_answers_the_turn_the_policy_was_trained_on(

@@ -68,11 +68,12 @@ def _backend_args(p: argparse.ArgumentParser, *, follow: bool) -> None:
     )
     e.add_argument(
         "--context",
-        default="full",
+        default=None,
         help="what each turn is answered from, as the policy was trained (maze-train's "
-        "local.context): full (the whole conversation, default), latest (the system prompt and "
+        "local.context): full (the whole conversation), latest (the system prompt and "
         "the latest frame), recent (and the previous reply), route (the latest frame, asked "
-        "the route question) or route-recent (that, after the previous reply)",
+        "the route question) or route-recent (that, after the previous reply); default: as the "
+        "adapter records it, else full",
     )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -157,7 +158,8 @@ def _eval_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     try:
-        check_context(args.context)
+        if args.context is not None:
+            check_context(args.context)
     except ValueError as exc:
         raise UsageError(f"--context: {exc}") from None
     return {
@@ -191,6 +193,16 @@ def _resolve_cell_px(args: argparse.Namespace, adapter_dir: Path | None, *, ask:
     return cell_px
 
 
+def _resolve_context(args: argparse.Namespace, adapter_dir: Path | None) -> None:
+    """Set ``args.context`` to the context to answer in (see ``maze_evaluation.rendering``)."""
+    from maze_evaluation.rendering import resolve_context
+
+    args.context, where, warning = resolve_context(args.context, adapter_dir=adapter_dir)
+    print(f"context: {args.context} ({where})", file=sys.stderr)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+
+
 def _check_backend(args: argparse.Namespace) -> None:
     if (args.model_dir is None) == (args.endpoint is None):
         raise UsageError("give exactly one backend: --model-dir DIR or --endpoint URL --model NAME")
@@ -222,6 +234,7 @@ def _run(args: argparse.Namespace) -> int:
     kwargs = _eval_kwargs(args)
     get_eval_set(args.eval_set)  # unknown names fail before any model loads
     kwargs["cell_px"] = _resolve_cell_px(args, args.adapter, ask=True)
+    _resolve_context(args, args.adapter)
     backend = (
         _endpoint(args, args.model)
         if args.endpoint is not None
@@ -257,6 +270,7 @@ def _follow(args: argparse.Namespace) -> int:
     get_eval_set(args.eval_set)
     latest = AdapterStore(args.sync_dir).latest() if args.sync_dir.is_dir() else None
     kwargs["cell_px"] = _resolve_cell_px(args, None if latest is None else latest.path, ask=False)
+    _resolve_context(args, None if latest is None else latest.path)
     local: list[Any] = []
 
     def backend_for(pv: PublishedVersion) -> Any:

@@ -21,7 +21,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--context",
         help="what each request is answered from, as the served policy was trained (maze-train's "
-        "local.context): full (the conversation as sent, default), latest (its system prompt "
+        "local.context): full (the conversation as sent), latest (its system prompt "
         "and the turn after the last reply), recent (and that reply), route (the last user "
         "turn's frame, asked the route question) or route-recent (that, after the last reply); "
-        "env MAZE_CONTEXT",
+        "env MAZE_CONTEXT; default: as the --lora-modules adapters record it, else full",
     )
     p.add_argument(
         "--cache-dir", help="where s3:// downloads go (default: a temp dir, removed on shutdown)"
@@ -118,6 +118,48 @@ def _lora_modules(items: Sequence[str]) -> dict[str, str]:
 
 class UsageError(Exception):
     """Arguments or environment that cannot start a server."""
+
+
+def _context(explicit: str | None, adapters: Mapping[str, str]) -> str:
+    """The context to answer in: explicit, else the one the local adapters record, else full.
+
+    One server answers in one context: adapters that record different ones need an explicit
+    choice, and one that differs from an explicit choice is named on stderr.
+    """
+    from maze_policy.contexts import check_context, read_context
+    from maze_policy.errors import ContextRecordError
+
+    recorded: dict[str, str] = {}
+    for name, path in adapters.items():
+        if path.startswith("s3://"):  # read when the engine loads it
+            continue
+        try:
+            found = read_context(path)
+        except ContextRecordError as exc:
+            raise UsageError(f"--lora-modules {name}: {exc}") from None
+        if found is not None:
+            recorded[name] = found
+    if explicit is not None:
+        try:
+            check_context(explicit)
+        except ValueError as exc:
+            raise UsageError(f"--context: {exc}") from None
+        for name, found in recorded.items():
+            if found != explicit:
+                print(
+                    f"warning: adapter {name} was trained in context {found!r}; answering in "
+                    f"{explicit!r} (--context) is not the trained policy",
+                    file=sys.stderr,
+                )
+        return explicit
+    kinds = sorted(set(recorded.values()))
+    if len(kinds) > 1:
+        named = ", ".join(f"{n}: {c}" for n, c in sorted(recorded.items()))
+        raise UsageError(
+            f"the adapters were trained in different contexts ({named}); a server answers in "
+            "one: serve them apart or choose with --context"
+        )
+    return kinds[0] if kinds else "full"
 
 
 @dataclass(frozen=True)
@@ -175,13 +217,7 @@ def resolve(argv: Sequence[str] | None = None) -> Settings:
     if args.batch_max_size < 1 or args.batch_wait_ms < 0:
         raise UsageError("--batch-max-size must be >= 1 and --batch-wait-ms >= 0")
     name = args.served_model_name or env.get("MAZE_SERVED_MODEL_NAME")
-    context = args.context or env.get("MAZE_CONTEXT") or "full"
-    from maze_policy.contexts import check_context
-
-    try:
-        check_context(context)
-    except ValueError as exc:
-        raise UsageError(f"--context: {exc}") from None
+    context = _context(args.context or env.get("MAZE_CONTEXT"), adapters)
     return Settings(
         model_path=model_path,
         served_model_name=name or Path(model_path.rstrip("/")).name,

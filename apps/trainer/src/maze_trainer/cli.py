@@ -254,6 +254,7 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
         return 0
     from maze_engine.decisions import DECISIONS_FILE
     from maze_engine.trainer import train
+    from maze_policy.contexts import CONTEXT_FILE
 
     try:
         result = train(config)
@@ -288,8 +289,8 @@ def _local(config_name: str, overrides: Sequence[str], dry_run: bool) -> int:
     context = config.local.context
     if context != "full":  # in the whole conversation it is not the policy that was trained
         print(
-            f"it answers each turn in context {context!r}: maze-serve --context {context}, "
-            f"maze-eval --context {context}"
+            f"it answers each turn in context {context!r}, recorded beside the adapter "
+            f"({CONTEXT_FILE}), where maze-eval and maze-serve read it"
         )
     decisions = result.run_dir / DECISIONS_FILE
     if decisions.is_file():

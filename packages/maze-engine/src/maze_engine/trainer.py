@@ -76,6 +76,7 @@ from maze_engine.workers import (
 )
 from maze_env.render import Style, write_rendering
 from maze_policy.chat import Batch
+from maze_policy.contexts import write_context
 from maze_policy.lora import load_policy
 from maze_policy.policy import Policy, policy_logprobs, policy_logprobs_and_entropy
 from maze_policy.rollout import Episode, env_extras, run_episodes
@@ -742,8 +743,10 @@ class Trainer:
                 _adapter_config(self.lora_cfg, str(self.model_dir)), indent=2, sort_keys=True
             )
         )
-        # Evaluators and servers of this adapter render mazes as its training data did.
+        # Evaluators and servers of this adapter render mazes as its training data did, and
+        # answer each turn from what its policy saw in training.
         write_rendering(staging, Style(cell_px=self.config.mazes.cell_px))
+        write_context(staging, self.config.local.context)
         published = self.store.publish(
             staging, step=self.global_step, producer="maze-engine", keep=3
         )

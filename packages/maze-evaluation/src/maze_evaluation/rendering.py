@@ -1,8 +1,10 @@
-"""Which rendering (pixels per maze square) to evaluate with: the one the adapter trained on.
+"""Which rendering (pixels per maze square) and context to evaluate with: the adapter's own.
 
 An adapter trained by maze-engine carries ``maze_rendering.json``; ``maze-serve`` reports it per
 model in ``/v1/models``. Scoring a model on images unlike its training images measures the wrong
 thing, so the recorded rendering wins over the default, and an explicit choice wins over both.
+The adapter's ``maze_context.json`` (``maze_policy.contexts``) likewise names what each turn was
+answered from in training; an explicit context that differs is kept, with a warning.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from maze_env.render import read_rendering
 from maze_evaluation.endpoint import chat_url
 from maze_evaluation.errors import EvaluationError
 from maze_evaluation.runner import DEFAULT_CELL_PX
+from maze_policy.contexts import read_context
+from maze_policy.errors import ContextRecordError
 
 
 def models_url(endpoint: str) -> str:
@@ -78,3 +82,33 @@ def resolve_cell_px(
         if cell_px is not None:
             return cell_px, f"listed for {model} by {models_url(endpoint)}"
     return DEFAULT_CELL_PX, "default: nothing recorded"
+
+
+def resolve_context(
+    explicit: str | None, *, adapter_dir: Path | None = None
+) -> tuple[str, str, str | None]:
+    """``(context, where it came from, warning)``: explicit, else the adapter's, else ``full``.
+
+    The warning (None when there is nothing to say) names an explicit context that differs
+    from the one the adapter records: its score is not the trained policy's.
+
+    Raises:
+        EvaluationError: The adapter's context record exists but cannot be read.
+    """
+    recorded = None
+    if adapter_dir is not None:
+        try:
+            recorded = read_context(adapter_dir)
+        except ContextRecordError as exc:
+            raise EvaluationError(str(exc)) from exc
+    if explicit is not None:
+        warning = (
+            None
+            if recorded is None or recorded == explicit
+            else f"warning: the adapter was trained in context {recorded!r} (recorded in "
+            f"{adapter_dir}); answering in {explicit!r} does not score the trained policy"
+        )
+        return explicit, "--context", warning
+    if recorded is not None:
+        return recorded, f"recorded in {adapter_dir}", None
+    return "full", "default: nothing recorded", None

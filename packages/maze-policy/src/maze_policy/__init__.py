@@ -15,6 +15,7 @@ from importlib.metadata import version as _version
 from maze_policy.errors import (
     AdapterMismatchError,
     ChatEncodingError,
+    ContextRecordError,
     MazePolicyError,
     ModelLoadError,
     TokenizerError,
@@ -27,6 +28,7 @@ __version__ = _version("maze-policy")  # one source: the pyproject's version
 __all__ = [
     "AdapterMismatchError",
     "ChatEncodingError",
+    "ContextRecordError",
     "MazePolicyError",
     "ModelLoadError",
     "SamplingParams",

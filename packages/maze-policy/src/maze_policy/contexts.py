@@ -6,8 +6,13 @@ importing the episode loop (which pulls in maze-env and its renderer).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
+
+from maze_policy.errors import ContextRecordError
 
 CONTEXTS = ("full", "latest", "recent", "route", "route-recent")
 """What each turn is answered from: the whole conversation; the system prompt and the latest
@@ -34,6 +39,39 @@ def check_context(context: str) -> str:
     if context not in CONTEXTS:
         raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
     return context
+
+
+CONTEXT_FILE = "maze_context.json"
+"""Beside an adapter: the context its policy was trained in, so evaluation and serving use it."""
+
+
+def write_context(directory: str | os.PathLike[str], context: str) -> Path:
+    """Record ``context`` in ``directory/maze_context.json`` (atomically)."""
+    from weight_sync.fs import atomic_write_json
+
+    path = Path(directory) / CONTEXT_FILE
+    atomic_write_json(path, {"context": check_context(context)})
+    return path
+
+
+def read_context(directory: str | os.PathLike[str]) -> str | None:
+    """The context recorded in an adapter directory; None when it records none.
+
+    Raises:
+        ContextRecordError: ``maze_context.json`` exists but is not JSON naming one of
+            :data:`CONTEXTS`.
+    """
+    path = Path(directory) / CONTEXT_FILE
+    if not path.is_file():
+        return None
+    try:
+        data: object = json.loads(path.read_text())
+        context = cast(dict[str, object], data)["context"] if isinstance(data, dict) else None
+        if not isinstance(context, str):
+            raise TypeError(f"context is {context!r}")
+        return check_context(context)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ContextRecordError(f"{path}: not a context record: {exc}") from None
 
 
 def is_image_part(part: Mapping[str, Any]) -> bool:

@@ -21,3 +21,7 @@ class TokenizerError(MazePolicyError):
 
 class AdapterMismatchError(MazePolicyError, ValueError):
     """An adapter whose weights do not fit the model it is loaded into."""
+
+
+class ContextRecordError(MazePolicyError, ValueError):
+    """An adapter's ``maze_context.json`` that cannot be read or names no known context."""

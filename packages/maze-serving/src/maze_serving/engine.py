@@ -352,14 +352,25 @@ class ServingEngine:
 
         from maze_env.errors import RenderingError
         from maze_env.render import read_rendering
+        from maze_policy.contexts import read_context
+        from maze_policy.errors import ContextRecordError
 
         p = Path(path)
         if not (p / "adapter_config.json").is_file():
             raise ModelNotFoundError(f"no LoRA adapter at {path!r} (adapter_config.json missing)")
         try:
             rendering = read_rendering(p)
-        except RenderingError as exc:
+            trained_in = read_context(p)
+        except (RenderingError, ContextRecordError) as exc:
             raise BadRequestError(f"cannot load LoRA adapter {name!r}: {exc}") from exc
+        if trained_in is not None and trained_in != self.config.context:
+            # Served anyway (a deliberate comparison is legitimate), but never silently.
+            log.warning(
+                "adapter %s was trained in context %r; this server answers in %r (--context)",
+                name,
+                trained_in,
+                self.config.context,
+            )
         try:
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(
