@@ -438,3 +438,19 @@ def test_an_adapter_directory_records_its_context(tmp_path: Path) -> None:
         (tmp_path / CONTEXT_FILE).write_text(text)
         with pytest.raises(ContextRecordError, match=f"{CONTEXT_FILE}: not a context record"):
             read_context(tmp_path)
+
+
+def test_the_context_chosen_from_an_explicit_choice_and_the_records() -> None:
+    from maze_policy.contexts import ContextChoice, choose_context
+
+    assert choose_context(None, {}) == ContextChoice("full", "default")
+    assert choose_context(None, {"a": "route", "b": "route"}) == ContextChoice("route", "recorded")
+    assert choose_context("latest", {"a": "route", "b": "latest"}) == ContextChoice(
+        "latest", "explicit", {"a": "route"}
+    )
+    # Records that disagree need an explicit choice, which then names the ones it overrides.
+    with pytest.raises(ValueError, match=r"different contexts \(a: full, b: route\)"):
+        choose_context(None, {"b": "route", "a": "full"})
+    assert choose_context("route", {"b": "route", "a": "full"}).differing == {"a": "full"}
+    with pytest.raises(ValueError, match="context must be one of"):
+        choose_context("window", {})

@@ -121,12 +121,11 @@ class UsageError(Exception):
 
 
 def _context(explicit: str | None, adapters: Mapping[str, str]) -> str:
-    """The context to answer in: explicit, else the one the local adapters record, else full.
+    """The context to answer in, from the local adapters' records (``choose_context``).
 
-    One server answers in one context: adapters that record different ones need an explicit
-    choice, and one that differs from an explicit choice is named on stderr.
+    An adapter whose record an explicit choice overrides is named on stderr.
     """
-    from maze_policy.contexts import check_context, read_context
+    from maze_policy.contexts import choose_context, read_context
     from maze_policy.errors import ContextRecordError
 
     recorded: dict[str, str] = {}
@@ -139,27 +138,21 @@ def _context(explicit: str | None, adapters: Mapping[str, str]) -> str:
             raise UsageError(f"--lora-modules {name}: {exc}") from None
         if found is not None:
             recorded[name] = found
-    if explicit is not None:
-        try:
-            check_context(explicit)
-        except ValueError as exc:
+    try:
+        choice = choose_context(explicit, recorded)
+    except ValueError as exc:
+        if explicit is not None:
             raise UsageError(f"--context: {exc}") from None
-        for name, found in recorded.items():
-            if found != explicit:
-                print(
-                    f"warning: adapter {name} was trained in context {found!r}; answering in "
-                    f"{explicit!r} (--context) is not the trained policy",
-                    file=sys.stderr,
-                )
-        return explicit
-    kinds = sorted(set(recorded.values()))
-    if len(kinds) > 1:
-        named = ", ".join(f"{n}: {c}" for n, c in sorted(recorded.items()))
         raise UsageError(
-            f"the adapters were trained in different contexts ({named}); a server answers in "
-            "one: serve them apart or choose with --context"
+            f"{exc}; a server answers in one: serve them apart or choose with --context"
+        ) from None
+    for name, found in choice.differing.items():
+        print(
+            f"warning: adapter {name} was trained in context {found!r}; answering in "
+            f"{choice.context!r} (--context) is not the trained policy",
+            file=sys.stderr,
         )
-    return kinds[0] if kinds else "full"
+    return choice.context
 
 
 @dataclass(frozen=True)

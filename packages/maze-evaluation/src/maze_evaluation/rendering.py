@@ -19,7 +19,7 @@ from maze_env.render import read_rendering
 from maze_evaluation.endpoint import chat_url
 from maze_evaluation.errors import EvaluationError
 from maze_evaluation.runner import DEFAULT_CELL_PX
-from maze_policy.contexts import read_context
+from maze_policy.contexts import choose_context, read_context
 from maze_policy.errors import ContextRecordError
 
 
@@ -93,22 +93,30 @@ def resolve_context(
     from the one the adapter records: its score is not the trained policy's.
 
     Raises:
-        EvaluationError: The adapter's context record exists but cannot be read.
+        EvaluationError: The adapter's context record exists but cannot be read, or
+            ``explicit`` is not a context.
     """
-    recorded = None
+    recorded: dict[str, str] = {}
     if adapter_dir is not None:
         try:
-            recorded = read_context(adapter_dir)
+            found = read_context(adapter_dir)
         except ContextRecordError as exc:
             raise EvaluationError(str(exc)) from exc
-    if explicit is not None:
+        if found is not None:
+            recorded[str(adapter_dir)] = found
+    try:
+        choice = choose_context(explicit, recorded)
+    except ValueError as exc:
+        raise EvaluationError(f"--context: {exc}") from exc
+    if choice.source == "explicit":
+        found = choice.differing.get(str(adapter_dir))
         warning = (
             None
-            if recorded is None or recorded == explicit
-            else f"warning: the adapter was trained in context {recorded!r} (recorded in "
-            f"{adapter_dir}); answering in {explicit!r} does not score the trained policy"
+            if found is None
+            else f"warning: the adapter was trained in context {found!r} (recorded in "
+            f"{adapter_dir}); answering in {choice.context!r} does not score the trained policy"
         )
-        return explicit, "--context", warning
-    if recorded is not None:
-        return recorded, f"recorded in {adapter_dir}", None
-    return "full", "default: nothing recorded", None
+        return choice.context, "--context", warning
+    if choice.source == "recorded":
+        return choice.context, f"recorded in {adapter_dir}", None
+    return choice.context, "default: nothing recorded", None

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from maze_policy.errors import ContextRecordError
 
@@ -72,6 +73,41 @@ def read_context(directory: str | os.PathLike[str]) -> str | None:
         return check_context(context)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ContextRecordError(f"{path}: not a context record: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    """What :func:`choose_context` decided, for its caller to report."""
+
+    context: str
+    source: Literal["explicit", "recorded", "default"]
+    differing: Mapping[str, str] = field(default_factory=dict[str, str])
+    """With an explicit context: each adapter whose record differs from it, and that record
+    (answering such an adapter in another context does not serve or score its trained policy)."""
+
+
+def choose_context(explicit: str | None, recorded: Mapping[str, str]) -> ContextChoice:
+    """The context to answer in: ``explicit``, else the one the adapters record, else ``full``.
+
+    ``recorded`` maps each adapter's name to the context it records (adapters recording none are
+    left out). One conversation is answered in one context, so records that disagree need an
+    explicit choice.
+
+    Raises:
+        ValueError: ``explicit`` is not one of :data:`CONTEXTS`, or there is none and the records
+            disagree.
+    """
+    if explicit is not None:
+        check_context(explicit)
+        differing = {name: found for name, found in recorded.items() if found != explicit}
+        return ContextChoice(explicit, "explicit", differing)
+    kinds = sorted(set(recorded.values()))
+    if len(kinds) > 1:
+        named = ", ".join(f"{name}: {found}" for name, found in sorted(recorded.items()))
+        raise ValueError(f"the adapters were trained in different contexts ({named})")
+    if kinds:
+        return ContextChoice(kinds[0], "recorded")
+    return ContextChoice("full", "default")
 
 
 def is_image_part(part: Mapping[str, Any]) -> bool:
