@@ -11,6 +11,7 @@ import pytest
 
 from maze_engine.decisions import layout_class
 from maze_env import get_eval_set
+from maze_env.render import read_rendering
 from maze_policy.contexts import read_context
 
 _HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -294,9 +295,13 @@ def test_short_local_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
     ]
     assert [float(m[2]), float(m[3])] == pytest.approx([100 * e for e in evals], abs=0.005)
     assert (tmp_path / "final_adapter" / "adapter_model.safetensors").exists()
-    assert (
-        tmp_path / "ckpt" / "global_step_1" / "policy" / "lora_adapter" / "adapter_config.json"
-    ).exists()
+    ckpt_adapter = tmp_path / "ckpt" / "global_step_1" / "policy" / "lora_adapter"
+    assert (ckpt_adapter / "adapter_config.json").exists()
+    # A checkpoint's adapter says the same, so evaluating or serving it mid-run is not asked
+    # in another context (a per-turn policy asked in 'full' solves nothing).
+    assert read_context(ckpt_adapter) == "latest"
+    rendering = read_rendering(ckpt_adapter)
+    assert rendering is not None and rendering.cell_px == 32
     assert (tmp_path / "ckpt" / "latest_ckpt_global_step.txt").read_text().strip() == "1"
     assert (tmp_path / "metrics.jsonl").read_text().count("reward/avg_raw_reward") == 1
     from PIL import Image

@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import subprocess
@@ -18,6 +19,7 @@ from maze_engine.checkpoint import (
     write_train_state,
 )
 from maze_engine.errors import CheckpointError
+from maze_policy.contexts import read_context, write_context
 
 
 def _writer(payload: bytes):
@@ -140,8 +142,20 @@ def test_train_state_round_trips_in_skyrls_layout_and_restores_the_rngs(tmp_path
     mgr = CheckpointManager(tmp_path)
     torch.manual_seed(123)
     np.random.seed(123)
-    ckpt = mgr.save(3, lambda d: write_train_state(d, state, adapter_config=adapter_config))
+    ckpt = mgr.save(
+        3,
+        lambda d: write_train_state(
+            d,
+            state,
+            adapter_config=adapter_config,
+            describe_adapter=lambda a: write_context(a, "route"),
+        ),
+    )
     mgr.verify(ckpt.path)
+    # The adapter's records are written before the manifest, which vouches for them too.
+    assert read_context(ckpt.path / "policy" / "lora_adapter") == "route"
+    manifest = json.loads((ckpt.path / "manifest.json").read_text())
+    assert "policy/lora_adapter/maze_context.json" in manifest["files"]
     for rel in (rank_file("model"), rank_file("optim"), rank_file("extra_state")):
         assert (ckpt.path / rel).is_file()
     assert (ckpt.path / "data.pt").is_file() and (ckpt.path / "trainer_state.pt").is_file()

@@ -7,7 +7,8 @@ where they expect them)::
         policy/model_world_size_W_rank_R.pt       LoRA parameters, per rank
         policy/optim_world_size_W_rank_R.pt       optimizer state, per rank
         policy/extra_state_world_size_W_rank_R.pt RNG states, per rank
-        policy/lora_adapter/                      consolidated PEFT adapter
+        policy/lora_adapter/                      consolidated PEFT adapter, with the
+                                                  rendering and context records of the run
         data.pt                                   dataloader position
         trainer_state.pt                          global step, config
         manifest.json                             size + sha256 of every file (weight-sync's format)
@@ -185,11 +186,20 @@ class TrainState:
     """Solve rate on each of ``mazes.report_sets`` before GRPO."""
 
 
-def write_train_state(d: Path, state: TrainState, *, adapter_config: dict[str, Any]) -> None:
+def write_train_state(
+    d: Path,
+    state: TrainState,
+    *,
+    adapter_config: dict[str, Any],
+    describe_adapter: Callable[[Path], object] | None = None,
+) -> None:
     """Fill checkpoint directory ``d`` in SkyRL's layout (world size 1) from ``state``.
 
     The RNG states are this process's own; the adapter is consolidated into
-    ``policy/lora_adapter`` with lora-consolidate, as the cluster's head node does.
+    ``policy/lora_adapter`` with lora-consolidate, as the cluster's head node does, and
+    ``describe_adapter(adapter_dir)`` then writes what its readers need beside it (how its
+    policy saw the mazes), so a checkpoint's adapter evaluates and serves as the run's published
+    ones do.
     """
     from lora_consolidate import consolidate
 
@@ -219,6 +229,8 @@ def write_train_state(d: Path, state: TrainState, *, adapter_config: dict[str, A
         json.dumps({"world_size": 1, "strategy": "local"})
     )
     consolidate(d / "policy", d / "policy" / "lora_adapter", adapter_config=adapter_config)
+    if describe_adapter is not None:
+        describe_adapter(d / "policy" / "lora_adapter")
 
 
 def read_train_state(d: Path, lora_names: Sequence[str]) -> TrainState:

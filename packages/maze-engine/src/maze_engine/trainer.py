@@ -656,6 +656,16 @@ class Trainer:
             if p.requires_grad
         }
 
+    def describe_adapter(self, adapter_dir: Path) -> None:
+        """Record beside an adapter of this run how its policy saw the mazes.
+
+        Evaluators and servers of the adapter then render mazes as its training data did and
+        answer each turn from what its policy saw in training: without the context record a
+        ``route`` adapter is asked in ``full`` and solves nothing.
+        """
+        write_rendering(adapter_dir, Style(cell_px=self.config.mazes.cell_px))
+        write_context(adapter_dir, self.config.local.context)
+
     def save_checkpoint(self) -> Checkpoint:
         """Write a SkyRL-layout checkpoint of this step (and mirror it to S3 if configured)."""
         state = TrainState(
@@ -671,7 +681,9 @@ class Trainer:
         adapter_config = _adapter_config(self.lora_cfg, str(self.model_dir))
         ckpt = self.ckpts.save(
             self.global_step,
-            lambda d: write_train_state(d, state, adapter_config=adapter_config),
+            lambda d: write_train_state(
+                d, state, adapter_config=adapter_config, describe_adapter=self.describe_adapter
+            ),
         )
         if self.mirror is not None:
             self.mirror.submit(ckpt.path)  # complete and verified on disk: safe to copy
@@ -743,10 +755,7 @@ class Trainer:
                 _adapter_config(self.lora_cfg, str(self.model_dir)), indent=2, sort_keys=True
             )
         )
-        # Evaluators and servers of this adapter render mazes as its training data did, and
-        # answer each turn from what its policy saw in training.
-        write_rendering(staging, Style(cell_px=self.config.mazes.cell_px))
-        write_context(staging, self.config.local.context)
+        self.describe_adapter(staging)
         published = self.store.publish(
             staging, step=self.global_step, producer="maze-engine", keep=3
         )
