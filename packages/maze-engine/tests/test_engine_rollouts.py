@@ -179,11 +179,13 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
     from maze_policy.seeds import derive_seed
 
     seeds: list[int] = []
+    shares: list[float] = []
     moved: list[bool] = []
     batch, rehearse = sft.route_rehearsal_batch, Trainer._rehearse_routes  # pyright: ignore[reportPrivateUsage]
 
     def record_batch(*args: Any, **kwargs: Any) -> Any:
         seeds.append(kwargs["seed"])
+        shares.append(kwargs["stop_share"])
         return batch(*args, **kwargs)
 
     def record_step(self: Trainer) -> float:
@@ -194,13 +196,18 @@ def test_route_rehearsal_takes_a_supervised_step_after_each_grpo_update(
 
     monkeypatch.setattr(sft, "route_rehearsal_batch", record_batch)
     monkeypatch.setattr(Trainer, "_rehearse_routes", record_step)
-    config = _one_prompt_run(tmp_path, 2, ["local.context=route", "local.route_rehearsal=2"])
+    config = _one_prompt_run(
+        tmp_path,
+        2,
+        ["local.context=route", "local.route_rehearsal=2", "local.route_stop_share=0.5"],
+    )
     result = train(config, say=lambda _m: None)
     steps = [row for row in result.history if "policy/grad_norm" in row]
     assert len(steps) == 2
     assert all(row["policy/route_rehearsal_loss"] > 0 for row in steps)
     seed = int(config.skyrl.trainer.seed)
     assert seeds == [derive_seed(seed, "grpo-route-rehearsal", step) for step in (0, 1)]
+    assert shares == [0.5, 0.5]
     assert moved == [True, True]
 
 

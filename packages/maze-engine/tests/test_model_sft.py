@@ -334,6 +334,77 @@ def test_a_grpo_steps_route_questions_come_from_its_seed_alone(
         LocalConfig(route_rehearsal=-1).validate()
 
 
+def test_route_stop_share_asks_that_share_with_the_agent_on_the_goal_answered_stop(
+    tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_engine import perception, sft
+    from maze_engine.sft import route_rehearsal_batch
+
+    tok = tiny_policy.processor.tokenizer
+    shown: list[Any] = []
+    example = perception.route_example
+
+    def spy(policy: Policy, frames: Any, **kw: Any) -> Trajectory:
+        shown.append(frames[0])
+        return example(policy, frames, **kw)
+
+    monkeypatch.setattr(perception, "route_example", spy)
+
+    def replies(stop_share: float, count: int = 3) -> list[str]:
+        shown.clear()
+        batch = route_rehearsal_batch(
+            tiny_policy, count, spec="7x7", seed=5, cell_px=32, avoid=(), stop_share=stop_share
+        )
+        return [
+            tok.decode(t.input_ids[a:b], skip_special_tokens=True)
+            for t in batch
+            for a, b in t.generated_spans()
+        ]
+
+    stop = "<action>stop</action>"
+    # At 0 the stream is the one drawn before the option existed: one route draw per question,
+    # nothing else from the generator, so earlier runs repeat bit for bit.
+    rng, seeds = sft._route_stream(5)  # pyright: ignore[reportPrivateUsage]
+    banned = sft._rehearsal_banned(())  # pyright: ignore[reportPrivateUsage]
+    before = [
+        example(tiny_policy, perception.draw_route(rng, "7x7", seeds, banned, 1), cell_px=32)
+        for _ in range(3)
+    ]
+    assert [
+        t.input_ids
+        for t in route_rehearsal_batch(
+            tiny_policy, 3, spec="7x7", seed=5, cell_px=32, avoid=(), stop_share=0.0
+        )
+    ] == [t.input_ids for t in before]
+    assert stop not in replies(0.0, 12)
+    assert replies(1.0) == [stop] * 3 and all(m.start == m.goal for m in shown)
+    mixed = replies(0.5, 24)
+    assert 0 < mixed.count(stop) < 24
+    # A stop exactly where the agent stands on the goal; a move everywhere else.
+    assert [r == stop for r in mixed] == [m.start == m.goal for m in shown]
+    # The warm start's rehearsal reads its own share.
+    seen: list[list[Trajectory]] = []
+    step = sft.supervised_step
+
+    def record(
+        policy: Policy, trajectories: list[Trajectory], *args: object, **kw: object
+    ) -> object:
+        seen.append(list(trajectories))
+        return step(policy, trajectories, *args, **kw)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(sft, "supervised_step", record)
+    cfg = WarmStartConfig(
+        steps=1, batch_size=1, warmup_steps=1, route_rehearsal=2, route_stop_share=1.0
+    )
+    run_sft(tiny_policy, cfg, spec="5x5", seed=0, cell_px=32, context="route")
+    questions = seen[0][-2:]
+    assert [
+        tok.decode(t.input_ids[a:b], skip_special_tokens=True)
+        for t in questions
+        for a, b in t.generated_spans()
+    ] == [stop] * 2
+
+
 def test_decision_weight_counts_the_justification_and_action_tokens_that_many_times(
     tiny_policy: Policy,
 ) -> None:

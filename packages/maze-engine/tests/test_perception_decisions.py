@@ -18,9 +18,11 @@ from maze_engine.perception import (
     _draw,  # pyright: ignore[reportPrivateUsage]
     draw_route,
     held_out_layouts,
+    on_goal,
     reading_accuracy,
     route_accuracy,
     route_example,
+    route_reply,
     route_states,
     run_perception,
     transcription,
@@ -209,6 +211,10 @@ def test_route_examples_answer_the_first_move_of_a_shortest_route(tiny_policy: P
         word = reply.removeprefix("<action>").removesuffix("</action>")
         step = moved(maze.start, Direction[word.upper()])
         assert distances(maze)[step] == distances(maze)[maze.start] - 1
+    # On the goal the way is to stop, and the frame shows the agent there.
+    goal = on_goal(route[0])
+    assert goal.start == goal.goal == route[0].goal and goal.walls is route[0].walls
+    assert route_reply(goal) == "<action>stop</action>" != route_reply(route[0])
     cfg = PerceptionConfig(
         steps=6,
         batch_size=2,

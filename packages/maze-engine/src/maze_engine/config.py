@@ -135,6 +135,10 @@ class WarmStartConfig:
     :func:`maze_engine.perception.route_example`) trained beside each step's demonstrations, on
     fresh training-size mazes: the warm start then carries the base's route skill over to the
     task's prompt instead of overwriting it. 0 = none."""
+    route_stop_share: float = 0.0
+    """The share of those route questions asked with the agent on the goal and answered
+    ``stop``; the rest show it elsewhere and answer a move. Without them the stop is learned only
+    on the task's goal corners. 0 = none."""
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad ``local.warm_start.*`` key."""
@@ -150,6 +154,7 @@ class WarmStartConfig:
         _at_least(self, where, steps=0, batch_size=1, warmup_steps=0, eval_every=0, eval_mazes=1)
         _at_least(self, where, track_every=0, route_rehearsal=0)
         _at_least(self, where, max_new_tokens=1)
+        _share(self.route_stop_share, f"{where}.route_stop_share")
         if self.lr <= 0:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
         if not self.decision_weight >= 1.0 or math.isinf(self.decision_weight):
@@ -216,10 +221,8 @@ class PerceptionConfig:
         _at_least(self, where, cell_px=4, route_frames=1, snapshot_every=0)
         if self.lr <= 0:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
-        if not 0 <= self.random_agent <= 1:
-            raise ConfigError("must be within 0..1", key=f"{where}.random_agent")
-        if not 0 <= self.route_share <= 1:
-            raise ConfigError("must be within 0..1", key=f"{where}.route_share")
+        _share(self.random_agent, f"{where}.random_agent")
+        _share(self.route_share, f"{where}.route_share")
         for key, specs in (("specs", self.specs), ("route_specs", self.route_specs)):
             if not specs:
                 raise ConfigError("must name at least one maze spec", key=f"{where}.{key}")
@@ -310,6 +313,9 @@ class LocalConfig:
     gradients into RL: GRPO on a few training layouts otherwise wears away the base's reading
     of new ones. Each step's questions are drawn from its global step, so a resumed run repeats
     them. 0 = none (SkyRL's GRPO; the cluster path has no such step)."""
+    route_stop_share: float = 0.0
+    """The share of those questions asked with the agent on the goal and answered ``stop`` (as
+    ``warm_start.route_stop_share``)."""
     tiny_base: str = "random"
     """Where the tiny model starts: ``random`` (built from ``tiny_model``), a shipped artifact
     (``maze_engine.artifacts``, e.g. the perception-pretrained base) or a model directory."""
@@ -356,6 +362,7 @@ class LocalConfig:
                 f"must be in (0, 1], got {show_value(self.step_advantage_gamma)}",
                 key=f"{LOCAL_KEY}.step_advantage_gamma",
             )
+        _share(self.route_stop_share, f"{LOCAL_KEY}.route_stop_share")
         if self.prometheus_port is not None and not 0 <= self.prometheus_port <= 65535:
             raise ConfigError(
                 "must be a port number (0 = any free port) or null",
@@ -456,6 +463,12 @@ def _at_least(section: object, where: str, **lows: int) -> None:
             raise ConfigError(
                 f"must be an int >= {lo}, got {show_value(value)}", key=f"{where}.{key}"
             )
+
+
+def _share(value: object, key: str) -> None:
+    # bool is an int to Python, and NaN compares false both ways: neither is a share.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(f"must be a number within 0..1, got {show_value(value)}", key=key)
 
 
 def shipped_configs() -> list[str]:

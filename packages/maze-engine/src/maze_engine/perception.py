@@ -162,10 +162,22 @@ def draw_route(
 
 
 def route_reply(maze: Maze) -> str:
-    """The way to the goal from ``maze.start``: its shortest route's first move, as an action tag."""
+    """The way to the goal from ``maze.start``, as an action tag.
+
+    That is its shortest route's first move, or ``stop`` when the agent stands on the goal.
+    """
     from maze_env.prompts import action_reply
 
+    if maze.start == maze.goal:
+        return action_reply("stop")
     return action_reply(maze.optimal_actions[0].word)
+
+
+def on_goal(maze: Maze) -> Maze:
+    """``maze`` with its agent standing on the goal: the frame whose route answer is ``stop``."""
+    from maze_env import Maze
+
+    return Maze(walls=maze.walls, start=maze.goal, goal=maze.goal, spec=maze.spec)
 
 
 def route_example(policy: Policy, frames: Sequence[Maze], *, cell_px: int) -> Trajectory:

@@ -310,7 +310,14 @@ def _lr_lambda(cfg: WarmStartConfig) -> Any:
 
 
 def _route_rehearsal(
-    policy: Policy, count: int, *, spec: str, seed: int, cell_px: int, avoid: Collection[str]
+    policy: Policy,
+    count: int,
+    *,
+    spec: str,
+    seed: int,
+    cell_px: int,
+    avoid: Collection[str],
+    stop_share: float = 0.0,
 ) -> Callable[[], list[Trajectory]]:
     """A source of ``count`` route-question examples per call (none when ``count`` is 0).
 
@@ -323,23 +330,44 @@ def _route_rehearsal(
     rng, seeds = _route_stream(derive_seed(seed, "route-rehearsal"))
     banned = _rehearsal_banned(avoid)
     return lambda: _route_questions(
-        policy, count, rng=rng, seeds=seeds, spec=spec, banned=banned, cell_px=cell_px
+        policy,
+        count,
+        rng=rng,
+        seeds=seeds,
+        spec=spec,
+        banned=banned,
+        cell_px=cell_px,
+        stop_share=stop_share,
     )
 
 
 def route_rehearsal_batch(
-    policy: Policy, count: int, *, spec: str, seed: int, cell_px: int, avoid: Collection[str]
+    policy: Policy,
+    count: int,
+    *,
+    spec: str,
+    seed: int,
+    cell_px: int,
+    avoid: Collection[str],
+    stop_share: float = 0.0,
 ) -> list[Trajectory]:
     """``count`` route-question examples drawn from ``seed`` alone, for one GRPO step.
 
     Stateless, so a resumed run draws the step's questions again: the trainer seeds each step's
     batch from its global step. Mazes of ``spec`` whose layout is in ``avoid`` or in a held-out
-    eval set are never drawn.
+    eval set are never drawn. ``stop_share`` as in :func:`_route_questions`.
     """
     rng, seeds = _route_stream(seed)
     banned = _rehearsal_banned(avoid)
     return _route_questions(
-        policy, count, rng=rng, seeds=seeds, spec=spec, banned=banned, cell_px=cell_px
+        policy,
+        count,
+        rng=rng,
+        seeds=seeds,
+        spec=spec,
+        banned=banned,
+        cell_px=cell_px,
+        stop_share=stop_share,
     )
 
 
@@ -366,13 +394,24 @@ def _route_questions(
     spec: str,
     banned: set[str],
     cell_px: int,
+    stop_share: float = 0.0,
 ) -> list[Trajectory]:
-    from maze_engine.perception import draw_route, route_example
+    """``count`` one-frame route questions, a ``stop_share`` of them on the goal.
 
-    return [
-        route_example(policy, draw_route(rng, spec, seeds, banned, 1), cell_px=cell_px)
-        for _ in range(count)
-    ]
+    Each is, with probability ``stop_share``, asked with the agent on the goal and answered
+    ``stop``. Route questions otherwise never show the agent on the goal: the stop is then
+    learned only from task episodes, whose goals stand on corners.
+    """
+    from maze_engine.perception import draw_route, on_goal, route_example
+
+    out: list[Trajectory] = []
+    for _ in range(count):
+        frames = draw_route(rng, spec, seeds, banned, 1)
+        # No draw at 0, so runs without stops keep their exact question streams.
+        if stop_share and rng.random() < stop_share:
+            frames = [on_goal(frames[0])]
+        out.append(route_example(policy, frames, cell_px=cell_px))
+    return out
 
 
 def run_sft(
@@ -421,7 +460,13 @@ def run_sft(
     next_seed = rng_seed
     explorer_rng = random.Random(rng_seed)
     rehearse = _route_rehearsal(
-        policy, config.route_rehearsal, spec=spec, seed=seed, cell_px=cell_px, avoid=avoid
+        policy,
+        config.route_rehearsal,
+        spec=spec,
+        seed=seed,
+        cell_px=cell_px,
+        avoid=avoid,
+        stop_share=config.route_stop_share,
     )
     train_time = 0.0
     solved = played = 0

@@ -575,6 +575,7 @@ class Trainer:
         self.step_gamma = float(config.local.step_advantage_gamma)
         self.progress_weight = float(config.local.progress_advantage_weight)
         self.route_rehearsal = int(config.local.route_rehearsal)
+        self.route_stop_share = float(config.local.route_stop_share)
         self.train_rows, self.val_rows = data.train, data.validation
         self.model_dir = model_dir
         self.lora_cfg = lora_config_from_skyrl(t.policy.model.lora)
@@ -830,6 +831,7 @@ class Trainer:
             seed=derive_seed(self.seed, "grpo-route-rehearsal", self.global_step),
             cell_px=self.config.mazes.cell_px,
             avoid=held_out_hashes(self.config),
+            stop_share=self.route_stop_share,
         )
         loss = sft_loss(self.policy, questions)
         self.optimizer.zero_grad(set_to_none=True)
