@@ -309,25 +309,22 @@ def _lr_lambda(cfg: WarmStartConfig) -> Any:
     return f
 
 
-def _route_rehearsal(
+def _route_source(
     policy: Policy,
     count: int,
     *,
+    stream_seed: int,
     spec: str,
-    seed: int,
     cell_px: int,
     avoid: Collection[str],
     stop_share: float = 0.0,
 ) -> Callable[[], list[Trajectory]]:
-    """A source of ``count`` route-question examples per call (none when ``count`` is 0).
+    """A source of ``count`` route-question examples per call, all from one stream.
 
-    Without them a full fine-tune on the task's prompt overwrites the route skill the base was
-    pretrained for instead of reusing it (docs/experiments: route rehearsal).
+    Mazes of ``spec`` whose layout is in ``avoid`` or in a held-out eval set are never drawn.
+    ``stop_share`` as in :func:`_route_questions`.
     """
-    if not count:
-        return lambda: []
-    # One stream for the whole warm start, apart from the demonstrations' maze seeds.
-    rng, seeds = _route_stream(derive_seed(seed, "route-rehearsal"))
+    rng, seeds = _route_stream(stream_seed)
     banned = _rehearsal_banned(avoid)
     return lambda: _route_questions(
         policy,
@@ -357,18 +354,15 @@ def route_rehearsal_batch(
     batch from its global step. Mazes of ``spec`` whose layout is in ``avoid`` or in a held-out
     eval set are never drawn. ``stop_share`` as in :func:`_route_questions`.
     """
-    rng, seeds = _route_stream(seed)
-    banned = _rehearsal_banned(avoid)
-    return _route_questions(
+    return _route_source(
         policy,
         count,
-        rng=rng,
-        seeds=seeds,
+        stream_seed=seed,
         spec=spec,
-        banned=banned,
         cell_px=cell_px,
+        avoid=avoid,
         stop_share=stop_share,
-    )
+    )()
 
 
 def _route_stream(seed: int) -> tuple[random.Random, Iterator[int]]:
@@ -459,14 +453,21 @@ def run_sft(
     rng_seed = TRAIN_SEED_OFFSET + seed * 1_000_003
     next_seed = rng_seed
     explorer_rng = random.Random(rng_seed)
-    rehearse = _route_rehearsal(
-        policy,
-        config.route_rehearsal,
-        spec=spec,
-        seed=seed,
-        cell_px=cell_px,
-        avoid=avoid,
-        stop_share=config.route_stop_share,
+    # Without route questions a full fine-tune on the task's prompt overwrites the route skill
+    # the base was pretrained for instead of reusing it (docs/experiments: route rehearsal).
+    # One stream for the whole warm start, apart from the demonstrations' maze seeds.
+    rehearse: Callable[[], list[Trajectory]] = (
+        _route_source(
+            policy,
+            config.route_rehearsal,
+            stream_seed=derive_seed(seed, "route-rehearsal"),
+            spec=spec,
+            cell_px=cell_px,
+            avoid=avoid,
+            stop_share=config.route_stop_share,
+        )
+        if config.route_rehearsal
+        else lambda: []
     )
     train_time = 0.0
     solved = played = 0
