@@ -214,6 +214,7 @@ def test_route_examples_answer_the_first_move_of_a_shortest_route(tiny_policy: P
     # On the goal the way is to stop, and the frame shows the agent there.
     goal = on_goal(route[0])
     assert goal.start == goal.goal == route[0].goal and goal.walls is route[0].walls
+    assert goal.seed == route[0].seed is not None and goal.spec == route[0].spec
     assert route_reply(goal) == "<action>stop</action>" != route_reply(route[0])
     cfg = PerceptionConfig(
         steps=6,

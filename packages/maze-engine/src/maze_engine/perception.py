@@ -28,7 +28,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,9 +175,7 @@ def route_reply(maze: Maze) -> str:
 
 def on_goal(maze: Maze) -> Maze:
     """``maze`` with its agent standing on the goal: the frame whose route answer is ``stop``."""
-    from maze_env import Maze
-
-    return Maze(walls=maze.walls, start=maze.goal, goal=maze.goal, spec=maze.spec)
+    return replace(maze, start=maze.goal)
 
 
 def route_example(policy: Policy, frames: Sequence[Maze], *, cell_px: int) -> Trajectory:

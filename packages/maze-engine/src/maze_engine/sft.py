@@ -317,7 +317,7 @@ def _route_source(
     spec: str,
     cell_px: int,
     avoid: Collection[str],
-    stop_share: float = 0.0,
+    stop_share: float,
 ) -> Callable[[], list[Trajectory]]:
     """A source of ``count`` route-question examples per call, all from one stream.
 
@@ -388,7 +388,7 @@ def _route_questions(
     spec: str,
     banned: set[str],
     cell_px: int,
-    stop_share: float = 0.0,
+    stop_share: float,
 ) -> list[Trajectory]:
     """``count`` one-frame route questions, a ``stop_share`` of them on the goal.
 
