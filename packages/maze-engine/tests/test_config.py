@@ -255,6 +255,12 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
             "local.progress_advantage_weight",
             "context=latest, recent, route or route-recent",
         ),
+        ("local.off_goal_stop_penalty=-1", "local.off_goal_stop_penalty", "must be >= 0"),
+        (
+            "local.off_goal_stop_penalty=1",
+            "local.off_goal_stop_penalty",
+            "set local.progress_advantage_weight > 0",
+        ),
         ("local.step_advantage_gamma=0", "local.step_advantage_gamma", "in (0, 1]"),
         ("local.step_advantage_gamma=1.5", "local.step_advantage_gamma", "in (0, 1]"),
     ],

@@ -107,6 +107,7 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
             "local.context=latest",
             "local.step_advantage_weight=1.0",
             "local.progress_advantage_weight=1.0",
+            "local.off_goal_stop_penalty=0.5",
             "mazes.train_size=8",
             "local.progress=false",
             "local.tensorboard=false",
@@ -129,8 +130,15 @@ def test_grpo_in_the_latest_context_trains_on_turn_sequences(
     ]
     for step, row in zip(turn_rewards, steps, strict=True):
         flat = [v for turns in step for v in turns]
-        assert set(flat) <= {0.0, 1.0}
-        assert row["reward/good_turn_rate"] == pytest.approx(sum(flat) / len(flat))
+        assert set(flat) <= {0.0, 1.0, -0.5}
+        assert row["reward/good_turn_rate"] == pytest.approx(flat.count(1.0) / len(flat))
+    # A stop away from the goal (the env's own last outcome), and only that, earns the
+    # penalty, on the episode's last turn.
+    for episode, rewards in zip(played, [t for step in turn_rewards for t in step], strict=True):
+        off_goal = episode.metadata.get("outcome") == "stopped" and not episode.solved
+        assert [i for i, v in enumerate(rewards) if v < 0] == (
+            [len(rewards) - 1] if off_goal else []
+        )
     # The sampler's log-probs are the learner's on the same turn sequences.
     assert all(row["policy/rollout_train_logprob_abs_diff_max"] < 1e-3 for row in steps)
     ckpt = result.run_dir / "ckpt"

@@ -11,7 +11,14 @@ import pytest
 from maze_engine import artifacts
 from maze_engine.config import PerceptionConfig, load_config
 from maze_engine.data import check_held_out, overlapping_layouts
-from maze_engine.decisions import distances, good_turns, layout_class, replay, summarize
+from maze_engine.decisions import (
+    distances,
+    good_turns,
+    layout_class,
+    replay,
+    summarize,
+    turn_rewards,
+)
 from maze_engine.errors import ConfigError
 from maze_engine.perception import (
     _char_ids,  # pyright: ignore[reportPrivateUsage]
@@ -103,6 +110,26 @@ def test_good_turns_judge_each_played_turn_by_the_route() -> None:
     assert good_turns(maze, [replies[-1]], 20) == [False]  # stop on the start square
     # Turns after the budget ran out were never played.
     assert len(good_turns(maze, ["no action"] * 5, 3)) == 3
+
+
+def test_turn_rewards_score_a_stop_off_the_goal_below_a_bump() -> None:
+    maze, replies = _oracle_replies("7x7", 3)
+    r, c = maze.start
+    walled = next(
+        w
+        for w, (dr, dc) in {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}.items()
+        if not maze.is_open((r + dr, c + dc))
+    )
+    off_goal = [replies[0], f"<action>{walled}</action>", "<action>stop</action>"]
+    played = replay(maze, off_goal, 20)
+    assert played.stopped_off_goal and not replay(maze, replies, 20).stopped_off_goal
+    # A good move, then a bump (0 either way), then the stop away from the goal.
+    assert turn_rewards(maze, off_goal, 20) == [1.0, 0.0, 0.0]
+    assert turn_rewards(maze, off_goal, 20, off_goal_stop_penalty=0.5) == [1.0, 0.0, -0.5]
+    # The stop on the goal stays a good turn, whatever the penalty.
+    assert turn_rewards(maze, replies, 20, off_goal_stop_penalty=0.5) == [1.0] * len(replies)
+    # Turns never played (the stop ended the episode) get no reward.
+    assert len(turn_rewards(maze, [*off_goal, replies[1]], 20, off_goal_stop_penalty=1)) == 3
 
 
 def test_a_first_reply_that_is_no_move_counts_as_a_bad_first_move() -> None:

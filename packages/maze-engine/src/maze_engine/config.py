@@ -306,6 +306,10 @@ class LocalConfig:
     advantages only). A turn earns 1 when its move takes the agent one square closer to the goal
     or it stops on the goal, else 0 (``maze_engine.decisions.good_turns``); each turn is scored
     against all its group's turns (``maze_engine.grpo.turn_reward_advantages``)."""
+    off_goal_stop_penalty: float = 0.0
+    """With ``progress_advantage_weight``: a stop away from the goal earns minus this as its turn
+    reward instead of 0 (``maze_engine.decisions.turn_rewards``), so the stop that throws an
+    episode away scores below a bump that only wastes a turn. 0 = scored as a bump."""
     route_rehearsal: int = 0
     """Route-question examples (as ``warm_start.route_rehearsal``, on fresh training-size mazes
     outside every held-out layout) trained after each GRPO step's update, one supervised step
@@ -357,6 +361,17 @@ class LocalConfig:
                     f"set {LOCAL_KEY}.context=latest, recent, route or route-recent",
                     key=f"{LOCAL_KEY}.{name}",
                 )
+        if self.off_goal_stop_penalty < 0:
+            raise ConfigError(
+                f"must be >= 0, got {show_value(self.off_goal_stop_penalty)}",
+                key=f"{LOCAL_KEY}.off_goal_stop_penalty",
+            )
+        if self.off_goal_stop_penalty > 0 and self.progress_advantage_weight == 0:
+            # The penalty is a turn reward; with no turn-reward term it would be silently unused.
+            raise ConfigError(
+                "is a turn reward: set local.progress_advantage_weight > 0 to use it",
+                key=f"{LOCAL_KEY}.off_goal_stop_penalty",
+            )
         if not 0 < self.step_advantage_gamma <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {show_value(self.step_advantage_gamma)}",

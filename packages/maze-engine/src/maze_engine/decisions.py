@@ -49,6 +49,8 @@ class Replayed:
     """Of those, the turns that moved along a shortest path."""
     good_turns: tuple[bool, ...] = ()
     """Per played turn: moved one square closer to the goal, or stopped on it."""
+    stopped_off_goal: bool = False
+    """The episode ended on a stop away from the goal (its last played turn)."""
 
 
 def distances(maze: Maze) -> dict[Pos, int]:
@@ -90,6 +92,21 @@ def good_turns(maze: Maze, replies: Sequence[str], step_budget: int) -> list[boo
     return list(replay(maze, replies, step_budget).good_turns)
 
 
+def turn_rewards(
+    maze: Maze, replies: Sequence[str], step_budget: int, *, off_goal_stop_penalty: float = 0.0
+) -> list[float]:
+    """Per played turn: 1 if good (:func:`good_turns`), -penalty for a stop off the goal, else 0.
+
+    A stop off the goal ends the episode, where a bump only wastes a turn; at 0 the two score
+    alike, and the penalty tells them apart.
+    """
+    played = replay(maze, replies, step_budget)
+    out = [float(g) for g in played.good_turns]
+    if played.stopped_off_goal:
+        out[-1] = -off_goal_stop_penalty
+    return out
+
+
 def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     """Replay ``replies`` on ``maze`` and classify every decision."""
     from maze_env import MazeGame
@@ -104,6 +121,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
     last_bumped = False
     came_from: Pos | None = None
     turns_good: list[bool] = []
+    stopped_off_goal = False
     for turn, reply in enumerate(replies):
         if game.done:
             break
@@ -112,6 +130,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         result = game.step(reply)
         good = result.outcome == "moved" and dist[game.agent] == dist[before] - 1
         turns_good.append(good or (result.outcome == "stopped" and before == maze.goal))
+        stopped_off_goal = result.outcome == "stopped" and before != maze.goal
         if len(ways_on) > 1 and before != maze.goal:
             forks += 1
             forks_good += good
@@ -140,6 +159,7 @@ def replay(maze: Maze, replies: Sequence[str], step_budget: int) -> Replayed:
         forks=forks,
         forks_good=forks_good,
         good_turns=tuple(turns_good),
+        stopped_off_goal=stopped_off_goal,
     )
 
 

@@ -49,7 +49,7 @@ from maze_engine.data import (
 )
 from maze_engine.decisions import (
     EVALS_DIR,
-    good_turns,
+    turn_rewards,
     write_decisions_report,
     write_eval_records,
 )
@@ -533,16 +533,23 @@ def _report_metrics(rates: Mapping[str, float]) -> dict[str, float]:
     return {f"eval/{name}/pass_at_1": rate for name, rate in rates.items()}
 
 
-def _good_turns(row: Mapping[str, Any], episode: Episode) -> list[float]:
-    """The verifier's per-turn verdicts on ``episode``, played on ``row``'s maze and budget."""
+def _turn_rewards(
+    row: Mapping[str, Any], episode: Episode, off_goal_stop_penalty: float
+) -> list[float]:
+    """The verifier's per-turn rewards of ``episode``, played on ``row``'s maze and budget."""
     task = MazeTask.from_extras(env_extras(row))
-    good = good_turns(task.maze, episode.replies, task.step_budget)
-    if len(good) != len(episode.sequences):
+    rewards = turn_rewards(
+        task.maze,
+        episode.replies,
+        task.step_budget,
+        off_goal_stop_penalty=off_goal_stop_penalty,
+    )
+    if len(rewards) != len(episode.sequences):
         raise RuntimeError(
-            f"replaying row {episode.row_index} played {len(good)} turns, but its episode "
+            f"replaying row {episode.row_index} played {len(rewards)} turns, but its episode "
             f"has {len(episode.sequences)}"
         )
-    return [float(g) for g in good]
+    return rewards
 
 
 class Trainer:
@@ -574,6 +581,7 @@ class Trainer:
         self.step_weight = float(config.local.step_advantage_weight)
         self.step_gamma = float(config.local.step_advantage_gamma)
         self.progress_weight = float(config.local.progress_advantage_weight)
+        self.off_goal_stop_penalty = float(config.local.off_goal_stop_penalty)
         self.route_rehearsal = int(config.local.route_rehearsal)
         self.route_stop_share = float(config.local.route_stop_share)
         self.train_rows, self.val_rows = data.train, data.validation
@@ -891,15 +899,21 @@ class Trainer:
             ]
         metrics: dict[str, float] = {}
         if self.progress_weight > 0:
-            goods = [_good_turns(row, e) for row, e in zip(rows, episodes, strict=True)]
+            per_turn_rewards = [
+                _turn_rewards(row, e, self.off_goal_stop_penalty)
+                for row, e in zip(rows, episodes, strict=True)
+            ]
             progress = turn_reward_advantages(
-                goods, [e.group for e in episodes], norm_by_std=self.algo.grpo_norm_by_std
+                per_turn_rewards,
+                [e.group for e in episodes],
+                norm_by_std=self.algo.grpo_norm_by_std,
             )
             per_turn = [
                 self.progress_weight * a + (0 if per_turn is None else per_turn[e])
                 for e, a in enumerate(progress)
             ]
-            metrics["reward/good_turn_rate"] = sum(map(sum, goods)) / max(1, sum(map(len, goods)))
+            played = [r for episode in per_turn_rewards for r in episode]
+            metrics["reward/good_turn_rate"] = sum(r > 0 for r in played) / max(1, len(played))
         mb_size = int(self.skyrl.trainer.policy_mini_batch_size) * self.n
         torch.manual_seed(
             derive_seed(self.seed, "update", self.global_step)
