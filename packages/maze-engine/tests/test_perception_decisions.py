@@ -35,8 +35,9 @@ from maze_engine.perception import (
     transcription,
 )
 from maze_env import Direction, Maze, generate, get_eval_set
-from maze_env.agents import moved
+from maze_env.agents import moved, open_ways
 from maze_env.export import build_rows
+from maze_env.maze import Pos
 from maze_env.prompts import oracle_reply
 from maze_policy.policy import Policy
 
@@ -92,16 +93,15 @@ def test_replay_counts_a_bump_and_its_recovery_and_a_missed_stop() -> None:
     assert layout_class(m) in rates
 
 
+def _walled_way(maze: Maze, pos: Pos) -> str:
+    """A move from ``pos`` into a wall: the reply that bumps there."""
+    return next(d.word for d in Direction if d not in open_ways(maze, pos))
+
+
 def test_good_turns_judge_each_played_turn_by_the_route() -> None:
     maze, replies = _oracle_replies("7x7", 3)
     assert good_turns(maze, replies, 20) == [True] * len(replies)
-    dist = distances(maze)
-    r, c = maze.start
-    walled = next(
-        w
-        for w, (dr, dc) in {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}.items()
-        if (r + dr, c + dc) not in dist
-    )
+    walled = _walled_way(maze, maze.start)
     # A bump, an unreadable reply and a stop off the goal are bad; the oracle's moves stay good;
     # arriving without stopping, then moving off the goal, is a bad last turn.
     played = [f"<action>{walled}</action>", "no action", *replies[:-1], "<action>up</action>"]
@@ -114,12 +114,8 @@ def test_good_turns_judge_each_played_turn_by_the_route() -> None:
 
 def test_turn_rewards_score_a_stop_off_the_goal_below_a_bump() -> None:
     maze, replies = _oracle_replies("7x7", 3)
-    r, c = maze.start
-    walled = next(
-        w
-        for w, (dr, dc) in {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}.items()
-        if not maze.is_open((r + dr, c + dc))
-    )
+    # The bump is played after the first (oracle) move.
+    walled = _walled_way(maze, moved(maze.start, maze.optimal_actions[0]))
     off_goal = [replies[0], f"<action>{walled}</action>", "<action>stop</action>"]
     played = replay(maze, off_goal, 20)
     assert played.stopped_off_goal and not replay(maze, replies, 20).stopped_off_goal
