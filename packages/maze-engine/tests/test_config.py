@@ -233,6 +233,11 @@ def test_local_ray_places_the_rollout_workers_by_custom_resources(tmp_path: Path
         ("mazes.train_preset=huge", "mazes.train_preset", "huge"),
         ("mazes.allow_eval_overlap=3", "mazes.allow_eval_overlap", "3 is not a bool"),
         ("local.perception.route_share=1.5", "local.perception.route_share", "within 0..1"),
+        (
+            "local.perception.route_stop_share=-0.5",
+            "local.perception.route_stop_share",
+            "within 0..1",
+        ),
         ("local.route_stop_share=1.5", "local.route_stop_share", "within 0..1"),
         ("local.route_stop_share=.nan", "local.route_stop_share", "within 0..1"),
         ("local.route_stop_share=true", "local.route_stop_share", "true is not a float"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from maze_env.agents import moved, open_ways
 from maze_env.export import build_rows
 from maze_env.maze import Pos
 from maze_env.prompts import oracle_reply
+from maze_policy.chat import Trajectory
 from maze_policy.policy import Policy
 
 
@@ -254,6 +256,82 @@ def test_route_examples_answer_the_first_move_of_a_shortest_route(tiny_policy: P
         acc = route_accuracy(tiny_policy, "tiny-64", cell_px=32, walked=walked)
         assert set(acc) == {"route_squares", "route_forks", "route_mazes"}
         assert all(0.0 <= v <= 1.0 for v in acc.values())
+
+
+def test_pretraining_stop_share_ends_that_share_of_route_examples_on_the_goal(
+    tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maze_engine import perception
+
+    shown: list[list[Maze]] = []
+    example = perception.route_example
+
+    def spy(policy: Policy, frames: list[Maze], **kw: int) -> Trajectory:
+        shown.append(list(frames))
+        return example(policy, frames, **kw)
+
+    monkeypatch.setattr(perception, "route_example", spy)
+    cfg = PerceptionConfig(
+        steps=2,
+        batch_size=3,
+        lr=1e-3,
+        warmup_steps=1,
+        eval_every=0,
+        route_share=1.0,
+        route_frames=3,
+    )
+    run_perception(tiny_policy, cfg)
+    assert len(shown) == 6 and not any(f.start == f.goal for ex in shown for f in ex)
+    shown.clear()
+    checked = replace(
+        cfg,
+        route_stop_share=1.0,
+        eval_every=2,
+        specs=["5x5"],
+        eval_mazes=1,
+        route_eval_set="tiny-64",
+    )
+    report = run_perception(tiny_policy, checked)
+    # The checks' reading of the stop lands in the report (and so in a base's recipe).
+    assert {"tiny-64/goal_stops", "tiny-64/route_stops", "tiny-64/route_mazes"} <= set(
+        report.evals[-1]
+    )
+    shown = [frames for frames in shown if frames[0].shape == (7, 7)]  # not the 5x5 checks
+    assert len(shown) == 6
+    for frames in shown:
+        # The agent stands on the goal in the last frame only, where its walk would have ended.
+        assert route_reply(frames[-1]) == "<action>stop</action>"
+        assert frames[-1].start == frames[-1].goal and frames[-1].walls is frames[0].walls
+        assert all(f.start != f.goal for f in frames[:-1])
+
+
+def test_stop_reading_counts_where_stop_is_the_likeliest_word(tiny_policy: Policy) -> None:
+    import torch
+
+    from maze_engine.perception import stop_reading
+
+    tok = tiny_policy.processor.tokenizer
+    stop_id = tok.encode("<action>stop</action>", add_special_tokens=False)[1]
+    inner = tiny_policy.model
+
+    class Leaning(torch.nn.Module):
+        """The tiny model with ``bias`` added to the stop word's logit everywhere."""
+
+        def __init__(self, bias: float) -> None:
+            super().__init__()
+            self.inner, self.bias = inner, bias
+
+        def forward(self, **kw: object) -> object:
+            out = self.inner(**kw)
+            out.logits[..., stop_id] += self.bias
+            return out
+
+    for bias, share in ((1e4, 1.0), (-1e4, 0.0)):
+        tiny_policy.model = Leaning(bias)
+        assert stop_reading(tiny_policy, "tiny-64", cell_px=32) == {
+            "goal_stops": share,
+            "route_stops": share,
+        }
 
 
 def test_training_rows_that_repeat_eval_layouts_fail_the_run() -> None:

@@ -205,6 +205,10 @@ class PerceptionConfig:
     route_frames: int = 1
     """Most frames one route example asks the way on, one after the other (each example draws
     1..route_frames; the agent walks at random between them)."""
+    route_stop_share: float = 0.0
+    """The share of route examples whose last frame shows the agent on the goal (in place of
+    where its walk ended), answered ``stop``; the rest never show it there, so a base pretrained
+    without them has never seen the frame an episode must stop on. 0 = none."""
     snapshot_every: int = 0
     """Also save the model every this many steps to ``<out>.snapshots/step_<N>`` (not an
     artifact: for looking at a long run midway); 0 = never."""
@@ -223,6 +227,7 @@ class PerceptionConfig:
             raise ConfigError(f"must be > 0, got {show_value(self.lr)}", key=f"{where}.lr")
         _share(self.random_agent, f"{where}.random_agent")
         _share(self.route_share, f"{where}.route_share")
+        _share(self.route_stop_share, f"{where}.route_stop_share")
         for key, specs in (("specs", self.specs), ("route_specs", self.route_specs)):
             if not specs:
                 raise ConfigError("must name at least one maze spec", key=f"{where}.{key}")

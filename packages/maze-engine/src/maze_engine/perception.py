@@ -13,6 +13,8 @@ from a config has seen nothing. Here it learns two descriptions of rendered maze
   ``route_frames`` frames in a row, the agent walking at random between them: a conversation of
   images, as an episode is, each to be read on its own wherever it stands in the context (a
   model taught on single images reads a later frame far worse).
+  With ``route_stop_share``, that share of them ends on a frame with the agent on the goal,
+  answered ``stop``: without it the base never sees the frame an episode must stop on.
 
 The mazes are fresh every step, and no layout of a held-out eval set is ever drawn
 (:func:`held_out_layouts`), so the model must read walls and the agent from the image, not
@@ -285,6 +287,39 @@ def route_accuracy(
     }
 
 
+def stop_reading(policy: Policy, eval_set: str, *, cell_px: int) -> dict[str, float]:
+    """Teacher-forced: where does the model's likeliest word, among ``stop`` and the moves, stop?
+
+    ``goal_stops``: the share of ``eval_set``'s mazes where, with the agent on the goal, it is
+    ``stop`` (an episode must stop there); ``route_stops``: the share of their route squares
+    (goal excluded) where it is ``stop``, each asked alone (an episode that stops there fails).
+    """
+    from maze_env import get_eval_set
+    from maze_env.prompts import action_reply
+
+    tok = policy.processor.tokenizer
+    stop = tok.encode(action_reply("stop"), add_special_tokens=False)
+    if len(stop) != 3:
+        raise ValueError(f"the tokenizer does not write {action_reply('stop')!r} as tag, word, tag")
+    words = torch.tensor([stop[1], *_move_ids(policy)])
+    route = [m for m, _fork in route_states(eval_set)]
+    goals = [on_goal(m) for m in get_eval_set(eval_set).mazes]
+    stops: list[bool] = []
+    frames = [*goals, *route]
+    for lo in range(0, len(frames), 32):
+        trajs = [route_example(policy, [f], cell_px=cell_px) for f in frames[lo : lo + 32]]
+        batch = policy.collate(trajs)
+        with torch.no_grad():
+            logits = policy.model(**batch.model_inputs(), use_cache=False).logits
+        for row, traj in enumerate(trajs):
+            tag, _end = traj.generated_spans()[0]  # the tag's position predicts the word
+            stops.append(int(logits[row, tag, words].argmax()) == 0)
+    return {
+        "goal_stops": sum(stops[: len(goals)]) / len(goals),
+        "route_stops": sum(stops[len(goals) :]) / len(route),
+    }
+
+
 def _square_hits(
     policy: Policy, mazes: Sequence[tuple[Maze, tuple[int, int]]], *, cell_px: int
 ) -> list[list[bool]]:
@@ -436,6 +471,9 @@ def run_perception(
             if cfg.route_share and rng.random() < cfg.route_share:
                 spec = rng.choice(cfg.route_specs)
                 frames = draw_route(rng, spec, seeds, banned, cfg.route_frames)
+                # No draw at 0, so earlier recipes keep their exact example streams.
+                if cfg.route_stop_share and rng.random() < cfg.route_stop_share:
+                    frames = [*frames[:-1], on_goal(frames[-1])]
                 trajs.append(route_example(policy, frames, cell_px=cfg.cell_px))
             else:
                 m, a = _draw(cfg, rng, seeds, banned)
@@ -464,6 +502,8 @@ def run_perception(
                     )
                     tag = "walked_" if walked else ""
                     row.update({f"{cfg.route_eval_set}/{tag}{k}": v for k, v in routes.items()})
+                stops = stop_reading(policy, cfg.route_eval_set, cell_px=cfg.cell_px)
+                row.update({f"{cfg.route_eval_set}/{k}": v for k, v in stops.items()})
             report.evals.append(row)
             if log is not None:
                 log(row)
