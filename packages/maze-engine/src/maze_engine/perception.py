@@ -228,20 +228,48 @@ def route_states(eval_set: str) -> list[tuple[Maze, bool]]:
     return out
 
 
-def _move_ids(policy: Policy) -> list[int]:
-    """The token of each move word inside its action tag (``<action>``, word, ``</action>``)."""
-    from maze_env import Direction
+def _word_ids(policy: Policy, words: Sequence[str]) -> list[int]:
+    """The token of each word inside its action tag (``<action>``, word, ``</action>``)."""
     from maze_env.prompts import action_reply
 
     tok = policy.processor.tokenizer
     out: list[int] = []
-    for d in Direction:
-        ids = tok.encode(action_reply(d.word), add_special_tokens=False)
-        if len(ids) != 3 or ids[1:2] != tok.encode(d.word, add_special_tokens=False):
+    for word in words:
+        ids = tok.encode(action_reply(word), add_special_tokens=False)
+        if len(ids) != 3 or ids[1:2] != tok.encode(word, add_special_tokens=False):
             raise ValueError(
-                f"the tokenizer does not write {action_reply(d.word)!r} as tag, word, tag"
+                f"the tokenizer does not write {action_reply(word)!r} as tag, word, tag"
             )
         out.append(int(ids[1]))
+    return out
+
+
+def _move_ids(policy: Policy) -> list[int]:
+    """The token of each move word inside its action tag."""
+    from maze_env import Direction
+
+    return _word_ids(policy, [d.word for d in Direction])
+
+
+def _likeliest_words(
+    policy: Policy, conversations: Sequence[Sequence[Maze]], words: list[int], *, cell_px: int
+) -> list[tuple[int, int]]:
+    """Teacher-forced ``(likeliest, said)`` for each reply of each route conversation, in order.
+
+    ``likeliest`` is the likeliest of ``words`` (token ids) where the reply's word stands;
+    ``said`` is the reply's own word.
+    """
+    ids = torch.tensor(words)
+    out: list[tuple[int, int]] = []
+    for lo in range(0, len(conversations), 32):
+        trajs = [route_example(policy, c, cell_px=cell_px) for c in conversations[lo : lo + 32]]
+        batch = policy.collate(trajs)
+        with torch.no_grad():
+            logits = policy.model(**batch.model_inputs(), use_cache=False).logits
+        for row, traj in enumerate(trajs):
+            # Each reply opens with the tag; the tag's position predicts the word.
+            for tag, _end in traj.generated_spans():
+                out.append((int(ids[logits[row, tag, ids].argmax()]), traj.input_ids[tag + 1]))
     return out
 
 
@@ -256,7 +284,6 @@ def route_accuracy(
     every route; ``route_forks``: the squares with more than one way on (the decisions that
     need planning); ``route_mazes``: mazes whose whole route is answered right.
     """
-    moves = torch.tensor(_move_ids(policy))
     states = route_states(eval_set)
     if walked:
         by_maze: dict[int | None, list[Maze]] = {}
@@ -265,17 +292,8 @@ def route_accuracy(
         conversations = list(by_maze.values())
     else:
         conversations = [[m] for m, _fork in states]
-    hits: list[bool] = []
-    for lo in range(0, len(conversations), 32):
-        trajs = [route_example(policy, c, cell_px=cell_px) for c in conversations[lo : lo + 32]]
-        batch = policy.collate(trajs)
-        with torch.no_grad():
-            logits = policy.model(**batch.model_inputs(), use_cache=False).logits
-        for row, traj in enumerate(trajs):
-            # Each reply opens with the tag; the tag's position predicts the move word.
-            for tag, _end in traj.generated_spans():
-                best = int(moves[logits[row, tag, moves].argmax()])
-                hits.append(best == traj.input_ids[tag + 1])
+    picked = _likeliest_words(policy, conversations, _move_ids(policy), cell_px=cell_px)
+    hits = [best == said for best, said in picked]
     forks = [h for h, (_m, fork) in zip(hits, states, strict=True) if fork]
     per_maze: dict[int | None, bool] = {}
     for h, (m, _fork) in zip(hits, states, strict=True):
@@ -295,25 +313,15 @@ def stop_reading(policy: Policy, eval_set: str, *, cell_px: int) -> dict[str, fl
     (goal excluded) where it is ``stop``, each asked alone (an episode that stops there fails).
     """
     from maze_env import get_eval_set
-    from maze_env.prompts import action_reply
 
-    tok = policy.processor.tokenizer
-    stop = tok.encode(action_reply("stop"), add_special_tokens=False)
-    if len(stop) != 3:
-        raise ValueError(f"the tokenizer does not write {action_reply('stop')!r} as tag, word, tag")
-    words = torch.tensor([stop[1], *_move_ids(policy)])
+    stop = _word_ids(policy, ["stop"])[0]
     route = [m for m, _fork in route_states(eval_set)]
     goals = [on_goal(m) for m in get_eval_set(eval_set).mazes]
-    stops: list[bool] = []
-    frames = [*goals, *route]
-    for lo in range(0, len(frames), 32):
-        trajs = [route_example(policy, [f], cell_px=cell_px) for f in frames[lo : lo + 32]]
-        batch = policy.collate(trajs)
-        with torch.no_grad():
-            logits = policy.model(**batch.model_inputs(), use_cache=False).logits
-        for row, traj in enumerate(trajs):
-            tag, _end = traj.generated_spans()[0]  # the tag's position predicts the word
-            stops.append(int(logits[row, tag, words].argmax()) == 0)
+    frames = [[f] for f in (*goals, *route)]
+    words = [stop, *_move_ids(policy)]
+    stops = [
+        best == stop for best, _said in _likeliest_words(policy, frames, words, cell_px=cell_px)
+    ]
     return {
         "goal_stops": sum(stops[: len(goals)]) / len(goals),
         "route_stops": sum(stops[len(goals) :]) / len(route),
